@@ -1,0 +1,1 @@
+"""memlm package."""

@@ -1,0 +1,28 @@
+"""memlm models: Transformer+RPE, Transformer-XL, LaMemo and RMT behind one contract (DESIGN §3).
+
+    model = build_model(ModelConfig(arch="lamemo", ...))
+    memory = model.init_memory(batch_size=B)
+    out = model(tokens, memory, reset=reset, targets=targets)   # out.nll, out.logits, out.memory
+"""
+
+from .config import ARCHS, ConfigError, ModelConfig
+from .output import ModelOutput, map_memory
+
+
+def build_model(cfg: ModelConfig):
+    """The nn.Module for cfg.arch; raises ConfigError for an impossible configuration."""
+    cfg.validate()
+    if cfg.arch in ("transformer", "txl"):
+        from .txl import TransformerXL
+
+        return TransformerXL(cfg)
+    if cfg.arch == "lamemo":
+        from .lamemo import LaMemo
+
+        return LaMemo(cfg)
+    from .rmt import RecurrentMemoryTransformer
+
+    return RecurrentMemoryTransformer(cfg)
+
+
+__all__ = ["ARCHS", "ConfigError", "ModelConfig", "ModelOutput", "build_model", "map_memory"]

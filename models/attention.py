@@ -1,0 +1,173 @@
+"""Relative-position attention shared by every architecture.
+
+Shape legend: B lanes, Q queries, K keys, P relative distances, H heads, E head width, D model width.
+
+Scores follow Transformer-XL (Dai et al., eq. in the explainer):
+    score(i, j) = (q_i + u) . k_j  +  (q_i + v) . W_R R(dist(i, j))
+The position term is computed once per distinct distance ([B, H, Q, P]) and then gathered into [B, H, Q, K]
+with an index built by the caller, so the same routine serves causal attention (dist = i - j), LaMemo's
+look-ahead (dist = j - i, or i - j for the unstable "xl" variant) and RMT's two-way blocks (signed dist).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid(distances: Tensor, dim: int) -> Tensor:
+    """R(d) for each (possibly negative) distance: [P] -> [P, dim], sines then cosines as in Transformer-XL."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim))
+    angles = distances.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def clamp_distances(distances: Tensor, clamp_len: int) -> Tensor:
+    """Distances beyond clamp_len (either sign) share R(+-clamp_len); clamp_len <= 0 disables it."""
+    if clamp_len > 0:
+        return distances.clamp(-clamp_len, clamp_len)
+    return distances
+
+
+def attend(
+    q: Tensor,  # [B, Q, H, E]
+    k: Tensor,  # [B, K, H, E]
+    v: Tensor,  # [B, K, H, E]
+    r_k: Tensor,  # [P, H, E]  projected relative encodings W_R R(d) for each distance slot
+    pos_index: Tensor,  # [Q, K] long: which distance slot each (query, key) pair uses
+    allowed: Tensor,  # [B or 1, Q, K] bool: True where the query may attend to the key
+    bias_u: Tensor,  # [H, E] content bias
+    bias_v: Tensor,  # [H, E] position bias
+    dropatt: nn.Module,
+) -> tuple[Tensor, Tensor]:
+    """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32.
+
+    Every query row must have at least one allowed key (callers guarantee it). Softmax runs in fp32 so the
+    log-normalisers that LaMemo caches are exact under autocast.
+    """
+    B, Q, H, E = q.shape
+    K = k.shape[1]
+    scale = 1.0 / math.sqrt(E)
+    content = torch.einsum("bqhe,bkhe->bhqk", q + bias_u, k)  # [B, H, Q, K]
+    pos_all = torch.einsum("bqhe,phe->bhqp", q + bias_v, r_k)  # [B, H, Q, P]
+    position = pos_all.gather(-1, pos_index.expand(B, H, Q, K))
+    scores = (content + position).float() * scale
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    lognorm = torch.logsumexp(scores, dim=-1)  # [B, H, Q]
+    probs = torch.exp(scores - lognorm[..., None]).to(v.dtype)
+    probs = dropatt(probs)
+    context = torch.einsum("bhqk,bkhe->bqhe", probs, v)
+    return context, lognorm.transpose(1, 2)
+
+
+class RelativeAttention(nn.Module):
+    """Projections around `attend`: fused q/k/v, the relative-position key projection W_R and the output."""
+
+    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float, init_std: float):
+        super().__init__()
+        self.n_head, self.d_head = n_head, d_head
+        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.dropatt = nn.Dropout(dropatt)
+        self.drop = nn.Dropout(dropout)
+        for lin in (self.qkv_net, self.r_net, self.o_net):
+            nn.init.normal_(lin.weight, 0.0, init_std)
+
+    def project(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[B, T, D] -> q, k, v each [B, T, H, E]."""
+        B, T, _ = h.shape
+        q, k, v = self.qkv_net(h).view(B, T, 3, self.n_head, self.d_head).unbind(dim=2)
+        return q, k, v
+
+    def project_positions(self, r: Tensor) -> Tensor:
+        """[P, D] sinusoids -> [P, H, E]."""
+        return self.r_net(r).view(r.shape[0], self.n_head, self.d_head)
+
+    def output(self, context: Tensor) -> Tensor:
+        """[B, T, H, E] -> [B, T, D], with the residual dropout applied."""
+        B, T = context.shape[:2]
+        return self.drop(self.o_net(context.reshape(B, T, self.n_head * self.d_head)))
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN with its residual and layer norm (pre- or post-LN)."""
+
+    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool, init_std: float):
+        super().__init__()
+        self.pre_lnorm = pre_lnorm
+        self.net = nn.Sequential(
+            nn.Linear(d_model, d_inner),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(d_inner, d_model),
+            nn.Dropout(dropout),
+        )
+        self.norm = nn.LayerNorm(d_model)
+        for lin in (self.net[0], self.net[3]):
+            nn.init.normal_(lin.weight, 0.0, init_std)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.pre_lnorm:
+            return h + self.net(self.norm(h))
+        return self.norm(h + self.net(h))
+
+
+class RelativeLayer(nn.Module):
+    """One decoder layer: relative attention + FFN, both with residuals and layer norm (pre- or post-LN).
+
+    The attention step is split in three so that LaMemo can run two attentions (causal and look-ahead) on the
+    same projections and push both results through one output projection and FFN.
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.pre_lnorm = cfg.pre_lnorm
+        self.attn = RelativeAttention(cfg.d_model, cfg.n_head, cfg.d_head, cfg.dropout, cfg.dropatt, cfg.init_std)
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg.d_model, cfg.d_inner, cfg.dropout, cfg.pre_lnorm, cfg.init_std)
+
+    def attn_input(self, h: Tensor) -> Tensor:
+        """What q/k/v are projected from: the normalised input under pre-LN, the input itself under post-LN."""
+        return self.attn_norm(h) if self.pre_lnorm else h
+
+    def finish(self, h: Tensor, context: Tensor) -> Tensor:
+        """Residual + norm around the attention output, then the FFN. h [B, T, D], context [B, T, H, E]."""
+        out = h + self.attn.output(context)
+        if not self.pre_lnorm:
+            out = self.attn_norm(out)
+        return self.ff(out)
+
+
+def causal_index(n_query: int, n_mem: int, device: torch.device) -> Tensor:
+    """Distance slot i - j for queries at positions n_mem + q over keys 0..n_mem+n_query-1: [Q, K] long.
+
+    Future keys (negative distance) get slot 0; they are masked anyway.
+    """
+    q_pos = torch.arange(n_query, device=device)[:, None] + n_mem
+    k_pos = torch.arange(n_mem + n_query, device=device)[None, :]
+    return (q_pos - k_pos).clamp(min=0)
+
+
+def causal_allowed(n_query: int, n_mem: int, mem_valid: Tensor, same_length: bool) -> Tensor:
+    """[B, Q, M+Q] bool: causal over the current block, memory slots only where valid.
+
+    With same_length (and a memory) every query sees exactly n_mem keys, itself and the n_mem - 1 before it,
+    as Transformer-XL's evaluation option does, so every prediction has the same context length.
+    """
+    device = mem_valid.device
+    q_pos = torch.arange(n_query, device=device)[:, None] + n_mem
+    k_pos = torch.arange(n_mem + n_query, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if same_length and n_mem > 0:
+        allowed = allowed & (q_pos - k_pos < n_mem)
+    key_valid = torch.cat([mem_valid, mem_valid.new_ones(mem_valid.shape[0], n_query)], dim=1)  # [B, K]
+    return allowed[None] & key_valid[:, None, :]
+
+
+def relative_encodings(distances: Tensor, d_model: int, clamp_len: int, dtype: torch.dtype) -> Tensor:
+    """Sinusoids for a list of distances (after clamping): [P] -> [P, D] in the compute dtype."""
+    return sinusoid(clamp_distances(distances, clamp_len), d_model).to(dtype)

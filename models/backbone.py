@@ -1,0 +1,53 @@
+"""Pieces every architecture shares: adaptive embedding and softmax, relative-position biases, layer stack.
+
+Shape legend: B lanes, N segment length, L layers, D model width, H heads, E head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from .attention import RelativeLayer
+from .config import ModelConfig
+
+
+class Backbone(nn.Module):
+    """Embedding -> (architecture-specific layer loop) -> adaptive softmax.
+
+    Subclasses implement `init_memory` and `forward`. No parameter or buffer depends on tgt_len or mem_len:
+    those are read from `self.cfg` at every call, so changing them (evaluation with a longer memory) is a
+    matter of configuration.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg.validate()
+        d_embed = cfg.embed_dim
+        self.embed = AdaptiveEmbedding(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
+        self.head = AdaptiveLogSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
+        if cfg.tie_weight:
+            self.head.tie_to(self.embed)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(RelativeLayer(cfg) for _ in range(cfg.n_layer))
+        # Transformer-XL's global content bias u and position bias v ([L, H, E] when untied per layer).
+        bias_shape = (cfg.n_layer, cfg.n_head, cfg.d_head) if cfg.untie_r else (cfg.n_head, cfg.d_head)
+        self.bias_u = nn.Parameter(torch.randn(bias_shape) * cfg.init_std)
+        self.bias_v = nn.Parameter(torch.randn(bias_shape) * cfg.init_std)
+        # Pre-LN stacks leave the residual stream unnormalised; normalise once before the softmax.
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_lnorm else nn.Identity()
+
+    def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
+        return bias[layer] if self.cfg.untie_r else bias
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """tokens [B, N] -> dropped-out embeddings [B, N, D]."""
+        return self.drop(self.embed(tokens))
+
+    def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool) -> tuple[Tensor | None, Tensor | None]:
+        """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None)."""
+        return self.head(self.drop(self.final_norm(hidden)), targets, return_logits)
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())

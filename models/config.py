@@ -1,0 +1,123 @@
+"""Model configuration: one dataclass for every architecture, validated in `validate()`.
+
+Memory length (`mem_len`), target length (`tgt_len`), `clamp_len` and `same_length` are run-time settings:
+no parameter or saved buffer depends on them, so a checkpoint trained with one memory length loads into a
+model built with another (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+ARCHS = ("transformer", "txl", "lamemo", "rmt")
+RPE_KINDS = ("disentangled", "xl")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "txl"
+    n_layer: int = 2
+    n_head: int = 2
+    d_model: int = 32
+    d_head: int = 16
+    d_inner: int = 64
+    vocab_size: int = 100
+    tgt_len: int = 8
+    mem_len: int = 8
+    dropout: float = 0.0
+    dropatt: float = 0.0
+    pre_lnorm: bool = False
+    untie_r: bool = False  # per-layer u/v biases instead of the global pair
+    clamp_len: int = -1  # relative distances beyond this use R(clamp_len); <= 0 means no clamping
+    same_length: bool = False  # every query sees the same number of keys (Transformer-XL evaluation option)
+    init_std: float = 0.02
+    # Adaptive input and softmax (Baevski & Auli); empty cutoffs means one plain softmax.
+    d_embed: int = 0  # 0 means d_model
+    cutoffs: list[int] = field(default_factory=list)
+    div_val: int = 1
+    tie_weight: bool = True
+    # LaMemo
+    lookahead: bool = True
+    interpolate: bool = True
+    rpe: str = "disentangled"
+    interp_eps: float = 1e-6
+    # RMT
+    num_mem_tokens: int = 0
+    bptt_depth: int = 0
+    aux_loss_weight: float = 0.0
+    aux_token_id: int = 0
+
+    @property
+    def embed_dim(self) -> int:
+        return self.d_embed or self.d_model
+
+    def validate(self) -> "ModelConfig":
+        """Raise ConfigError naming the first impossible setting; return self when all is well."""
+        if self.arch not in ARCHS:
+            raise ConfigError(f"model.arch: unknown architecture {self.arch!r}; valid: {', '.join(ARCHS)}")
+        for name in ("n_layer", "n_head", "d_model", "d_head", "d_inner", "vocab_size", "tgt_len", "div_val"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mem_len < 0:
+            raise ConfigError(f"model.mem_len must be >= 0, got {self.mem_len}")
+        if self.d_embed < 0:
+            raise ConfigError(f"model.d_embed must be >= 0 (0 means d_model), got {self.d_embed}")
+        for name in ("dropout", "dropatt"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.init_std <= 0:
+            raise ConfigError(f"model.init_std must be > 0, got {self.init_std}")
+        self._validate_cutoffs()
+        self._validate_arch_options()
+        return self
+
+    def _validate_cutoffs(self) -> None:
+        cuts = list(self.cutoffs)
+        if cuts and (cuts != sorted(set(cuts)) or cuts[0] < 1 or cuts[-1] >= self.vocab_size):
+            raise ConfigError(
+                f"model.cutoffs must be strictly increasing values in [1, vocab_size={self.vocab_size}), got {cuts}"
+            )
+        if self.div_val > 1 and not cuts:
+            raise ConfigError("model.div_val > 1 needs model.cutoffs (adaptive input/softmax); set cutoffs or div_val: 1")
+        if self.div_val > 1 and self.embed_dim // self.div_val ** len(cuts) < 1:
+            raise ConfigError(
+                f"model.div_val={self.div_val} shrinks the last cluster's embedding below width 1; lower div_val"
+            )
+
+    def _validate_arch_options(self) -> None:
+        defaults = ModelConfig()
+        if self.arch == "transformer" and self.mem_len != 0:
+            raise ConfigError(
+                "model.mem_len must be 0 for arch 'transformer' (the no-memory baseline); use arch 'txl' for a cache"
+            )
+        if self.arch == "lamemo" and self.mem_len < 1:
+            raise ConfigError("model.mem_len must be >= 1 for arch 'lamemo'; use arch 'transformer' for no memory")
+        if self.arch != "lamemo":
+            for name in ("lookahead", "interpolate", "rpe", "interp_eps"):
+                if getattr(self, name) != getattr(defaults, name):
+                    raise ConfigError(f"model.{name} only applies to arch 'lamemo' (arch is {self.arch!r}); remove it")
+        if self.rpe not in RPE_KINDS:
+            raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
+        if self.interp_eps < 0:
+            raise ConfigError(f"model.interp_eps must be >= 0, got {self.interp_eps}")
+        if self.arch == "rmt":
+            if self.num_mem_tokens < 1:
+                raise ConfigError("model.num_mem_tokens must be >= 1 for arch 'rmt' (the paper uses 1-25)")
+            if self.bptt_depth < 0:
+                raise ConfigError(f"model.bptt_depth must be >= 0, got {self.bptt_depth}")
+            if self.aux_loss_weight < 0:
+                raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
+            if not 0 <= self.aux_token_id < self.vocab_size:
+                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), got {self.aux_token_id}")
+        else:
+            for name in ("num_mem_tokens", "bptt_depth", "aux_loss_weight", "aux_token_id"):
+                if getattr(self, name) != getattr(defaults, name):
+                    raise ConfigError(f"model.{name} only applies to arch 'rmt' (arch is {self.arch!r}); remove it")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,31 @@
+"""What every model's forward returns, and helpers for the recurrent state that travels between segments."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import Tensor
+
+
+@dataclass
+class ModelOutput:
+    nll: Tensor | None  # [B, N] per-token negative log-likelihood, 0 where target == -100; None without targets
+    logits: Tensor | None  # [B, N, V] log-probabilities when asked for (their cross-entropy equals nll)
+    memory: Any  # the state for the next segment (one of the *Memory dataclasses)
+    aux_loss: Tensor | None = None  # RMT auxiliary memory loss (already weighted), else None
+
+
+def map_memory(fn: Callable[[Tensor], Tensor], memory: Any) -> Any:
+    """Apply fn to every tensor of a memory state (e.g. .to(device), .detach(), lane selection).
+
+    Memory states are dataclasses whose fields are tensors, lists of tensors, ints or nested states.
+    """
+    if isinstance(memory, Tensor):
+        return fn(memory)
+    if isinstance(memory, list):
+        return [map_memory(fn, m) for m in memory]
+    if dataclasses.is_dataclass(memory):
+        return dataclasses.replace(memory, **{f.name: map_memory(fn, getattr(memory, f.name)) for f in dataclasses.fields(memory)})
+    return memory

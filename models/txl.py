@@ -1,0 +1,82 @@
+"""Transformer-XL (Dai et al. 2019) and the no-memory Transformer+RPE baseline (the same model with mem_len 0).
+
+Shape legend: B lanes, N segment length, M memory length, K = M + N keys, L layers, D model width, H heads,
+E head width.
+
+Per layer the cache holds the layer *inputs* of the last M positions, detached (stop-gradient); keys and values
+of memory positions are recomputed with the current weights. Memory is fixed-size: slots that hold nothing
+(start of a document, after a reset) are masked out through `valid`, never zero-filled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .attention import attend, causal_allowed, causal_index, relative_encodings
+from .backbone import Backbone
+from .output import ModelOutput
+
+
+@dataclass
+class TXLMemory:
+    hidden: list[Tensor]  # L x [B, M, D] layer inputs of the last M positions (detached)
+    valid: Tensor  # [B, M] bool: slot holds a real position of the current document
+
+
+def reset_valid(valid: Tensor, reset: Tensor | None) -> Tensor:
+    """Empty the memory of lanes that start a new document: [B, M] -> [B, M]."""
+    if reset is None:
+        return valid
+    return valid & ~reset.to(valid.device)[:, None]
+
+
+def roll_valid(valid: Tensor, n_new: int, mem_len: int) -> Tensor:
+    """Append n_new real positions and keep the last mem_len slots."""
+    return torch.cat([valid, valid.new_ones(valid.shape[0], n_new)], dim=1)[:, valid.shape[1] + n_new - mem_len :]
+
+
+class TransformerXL(Backbone):
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> TXLMemory:
+        M, D = self.cfg.mem_len, self.cfg.d_model
+        return TXLMemory(
+            hidden=[torch.zeros(batch_size, M, D, device=device, dtype=dtype) for _ in range(self.cfg.n_layer)],
+            valid=torch.zeros(batch_size, M, dtype=torch.bool, device=device),
+        )
+
+    def forward(
+        self,
+        tokens: Tensor,  # [B, N]
+        memory: TXLMemory,
+        reset: Tensor | None = None,  # [B] bool
+        targets: Tensor | None = None,  # [B, N], -100 = ignore
+        return_logits: bool = False,
+    ) -> ModelOutput:
+        cfg = self.cfg
+        B, N = tokens.shape
+        M = cfg.mem_len
+        valid = reset_valid(memory.valid, reset)
+        h = self.embed_tokens(tokens)  # [B, N, D]
+
+        allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
+        pos_index = causal_index(N, M, tokens.device)  # [N, K]
+        r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len, h.dtype))
+
+        new_hidden = []
+        for l, layer in enumerate(self.layers):
+            keys_in = torch.cat([memory.hidden[l].to(h.dtype), h], dim=1)  # [B, K, D]
+            if M:
+                new_hidden.append(keys_in[:, -M:].detach())
+            x = layer.attn_input(keys_in)
+            q, k, v = layer.attn.project(x)
+            context, _ = attend(
+                q[:, M:], k, v, layer.attn.project_positions(r), pos_index, allowed,
+                self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
+            )
+            h = layer.finish(h, context)
+
+        nll, logits = self.predict(h, targets, return_logits)
+        new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
+        return ModelOutput(nll=nll, logits=logits, memory=new_memory)

@@ -1,0 +1,110 @@
+"""Slow, obvious references for the model tests: explicit loops over positions and heads, math.sin/cos
+sinusoids, one lane at a time. They reuse a model's *weights* (and its standard LayerNorm/FFN modules, which
+are plain torch) but none of its attention, masking, position or memory code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def sinusoid_vec(d: float, dim: int) -> torch.Tensor:
+    half = dim // 2
+    sines = [math.sin(d / 10000 ** (2 * f / dim)) for f in range(half)]
+    cosines = [math.cos(d / 10000 ** (2 * f / dim)) for f in range(half)]
+    return torch.tensor(sines + cosines, dtype=torch.float64)
+
+
+def split_qkv(layer, x: torch.Tensor, n_head: int, d_head: int):
+    """x [D] -> q, k, v each [H, E] using the layer's fused projection."""
+    w = layer.attn.qkv_net.weight.double()
+    q, k, v = (w @ x).view(3, n_head, d_head)
+    return q, k, v
+
+
+def pos_key(layer, d: float, clamp_len: int, d_model: int, n_head: int, d_head: int) -> torch.Tensor:
+    """W_R R(d) as [H, E], with Transformer-XL's clamping of |d|."""
+    if clamp_len > 0:
+        d = max(-clamp_len, min(clamp_len, d))
+    return (layer.attn.r_net.weight.double() @ sinusoid_vec(d, d_model)).view(n_head, d_head)
+
+
+def softmax_context(scores: list[torch.Tensor], values: list[torch.Tensor]):
+    """scores: list over keys of [H]; values: list over keys of [H, E] -> context [H, E], lognorm [H]."""
+    s = torch.stack(scores)  # [K, H]
+    lse = torch.logsumexp(s, dim=0)
+    p = torch.exp(s - lse)
+    ctx = sum(p[j][:, None] * values[j] for j in range(len(values)))
+    return ctx, lse
+
+
+def _ff(layer, h: torch.Tensor) -> torch.Tensor:
+    lin1, lin2 = layer.ff.net[0], layer.ff.net[3]
+    norm = layer.ff.norm
+
+    def ln(x):
+        return torch.nn.functional.layer_norm(x, x.shape, norm.weight.double(), norm.bias.double())
+
+    def net(x):
+        return lin2.weight.double() @ torch.relu(lin1.weight.double() @ x + lin1.bias.double()) + lin2.bias.double()
+
+    return h + net(ln(h)) if layer.pre_lnorm else ln(h + net(h))
+
+
+def attn_in(layer, h: torch.Tensor) -> torch.Tensor:
+    if not layer.pre_lnorm:
+        return h
+    n = layer.attn_norm
+    return torch.nn.functional.layer_norm(h, h.shape, n.weight.double(), n.bias.double())
+
+
+def head_nll(model, h: torch.Tensor, target: int) -> float:
+    """NLL of one target from the final hidden state (the softmax head is plain torch, reused as is)."""
+    nll, _ = model.predict(h.float()[None, None], torch.tensor([[target]]), False)
+    return float(nll[0, 0].detach())
+
+
+def txl_reference(model, stream: list[int], seg_len: int, mem_len: int, same_length: bool = False) -> list[float]:
+    """Per-token NLL of Transformer-XL over one lane's token stream (targets = next token), segment by segment,
+    the memory being the last mem_len layer inputs. The final position of the stream has no target."""
+    cfg = model.cfg
+    H, E, D = cfg.n_head, cfg.d_head, cfg.d_model
+    L = cfg.n_layer
+    mem: list[list[torch.Tensor]] = [[] for _ in range(L)]  # per layer: list of (abs_pos, hidden)
+    nlls = []
+    emb = model.embed(torch.tensor(stream)[None])[0].double()
+    for start in range(0, len(stream) - 1, seg_len):
+        positions = list(range(start, min(start + seg_len, len(stream) - 1)))
+        h = {p: emb[p] for p in positions}
+        for l, layer in enumerate(model.layers):
+            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
+            v = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            keys = mem[l] + [(p, h[p]) for p in positions]
+            kv = {p: split_qkv(layer, attn_in(layer, x), H, E) for p, x in keys}
+            new_h = {}
+            for i in positions:
+                q = kv[i][0]
+                scores, values = [], []
+                for j, _ in keys:
+                    if j > i or (same_length and mem_len > 0 and i - j >= mem_len):
+                        continue
+                    rk = pos_key(layer, i - j, cfg.clamp_len, D, H, E)
+                    scores.append((((q + u) * kv[j][1]).sum(-1) + ((q + v) * rk).sum(-1)) / math.sqrt(E))
+                    values.append(kv[j][2])
+                ctx, _ = softmax_context(scores, values)
+                new_h[i] = _finish(layer, h[i], ctx)
+            mem[l] = (mem[l] + [(p, h[p]) for p in positions])[-mem_len:] if mem_len else []
+            h = new_h
+        for i in positions:
+            nlls.append(head_nll(model, h[i], stream[i + 1]))
+    return nlls
+
+
+def _finish(layer, h_in: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    out = h_in + layer.attn.o_net.weight.double() @ context.reshape(-1)
+    if not layer.pre_lnorm:
+        n = layer.attn_norm
+        out = torch.nn.functional.layer_norm(out, out.shape, n.weight.double(), n.bias.double())
+    return _ff(layer, out)
