@@ -108,3 +108,68 @@ def _finish(layer, h_in: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         n = layer.attn_norm
         out = torch.nn.functional.layer_norm(out, out.shape, n.weight.double(), n.bias.double())
     return _ff(layer, out)
+
+
+def lamemo_reference(model, stream: list[int], seg_len: int, mem_len: int):
+    """Per-token NLL of LaMemo over one lane's stream, written as the paper states it (eq. 7-12), position by
+    position, with alpha = s_past / (s_past + s_ahead + eps) in linear space. Returns (nlls, cache) where cache
+    maps layer -> {abs position: (C [H, E], S [H])} for the final memory."""
+    cfg = model.cfg
+    H, E, D, L = cfg.n_head, cfg.d_head, cfg.d_model, cfg.n_layer
+    eps = cfg.interp_eps
+    emb_all = model.embed(torch.tensor(stream)[None])[0].double()
+    embed: dict[int, torch.Tensor] = {}
+    cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(L)]
+    mem_pos: list[int] = []
+    nlls = []
+    for s in range(0, len(stream) - 1, seg_len):
+        cur = list(range(s, min(s + seg_len, len(stream) - 1)))
+        assert len(cur) == seg_len, "reference assumes whole segments"
+        window = min(mem_len, seg_len)
+        h = {p: embed[p] for p in mem_pos}
+        h.update({p: emb_all[p] for p in cur})
+        for l, layer in enumerate(model.layers):
+            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
+            v_left = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            everyone = mem_pos + cur
+            kv = {p: split_qkv(layer, attn_in(layer, h[p]), H, E) for p in everyone}
+            ctx, lse = {}, {}
+            for i in cur:  # causal attention, keys to the left: R(i - j), bias v+
+                scores, values = [], []
+                for j in everyone:
+                    if j > i or (cfg.same_length and i - j >= mem_len):
+                        continue
+                    rk = pos_key(layer, i - j, cfg.clamp_len, D, H, E)
+                    scores.append((((kv[i][0] + u) * kv[j][1]).sum(-1) + ((kv[i][0] + v_left) * rk).sum(-1)) / math.sqrt(E))
+                    values.append(kv[j][2])
+                ctx[i], lse[i] = softmax_context(scores, values)
+            for i in mem_pos:  # look-ahead: keys p in (i, s], the newest `window` positions ending at s
+                C, S = cache[l][i]
+                if cfg.lookahead:
+                    scores, values = [], []
+                    for p in range(s - window + 1, s + 1):
+                        if p <= i or p not in kv:
+                            continue
+                        if cfg.rpe == "xl":
+                            rk, vb = pos_key(layer, i - p, cfg.clamp_len, D, H, E), v_left
+                        else:
+                            rk = pos_key(layer, p - i, cfg.clamp_len, D, H, E)
+                            vb = (model.bias_v_ahead[l] if cfg.untie_r else model.bias_v_ahead).double()
+                        scores.append((((kv[i][0] + u) * kv[p][1]).sum(-1) + ((kv[i][0] + vb) * rk).sum(-1)) / math.sqrt(E))
+                        values.append(kv[p][2])
+                    A, F = softmax_context(scores, values)
+                    alpha = S.exp() / (S.exp() + F.exp() + eps) if cfg.interpolate else torch.zeros_like(S)
+                    C = alpha[:, None] * C + (1 - alpha[:, None]) * A
+                    S = torch.log(S.exp() + F.exp())
+                ctx[i], lse[i] = C, S
+            if l < L - 1:
+                h = {p: _finish(layer, h[p], ctx[p]) for p in everyone}
+            else:
+                h = {p: _finish(layer, h[p], ctx[p]) for p in cur}
+            cache[l] = {p: (ctx[p], lse[p]) for p in everyone}
+        for i in cur:
+            nlls.append(head_nll(model, h[i], stream[i + 1]))
+            embed[i] = emb_all[i]
+        mem_pos = (mem_pos + cur)[-mem_len:]
+        cache = [{p: c[p] for p in mem_pos} for c in cache]
+    return nlls, cache

@@ -1,0 +1,154 @@
+"""LaMemo: look-ahead memory (Ji et al., NAACL 2022), DESIGN §3.
+
+Shape legend: B lanes, N segment length, M memory length, K = M + N keys, W = min(M, N) look-ahead window,
+L layers, D model width, H heads, E head width.
+
+State per layer, for the M memory positions: the cached attention output C (per head, before the output
+projection) and its log-normaliser S (logsumexp of every scaled score that position has attended to so far,
+fp32), plus the layer-0 inputs (token embeddings) of the last M positions. Memory hidden states at layers >= 1
+are *recomputed* every segment, in the graph, from the layer-0 memory:
+
+1. current tokens: causal attention over memory + current keys, Transformer-XL style, with the disentangled RPE
+   (position term R(|i - j|), direction bias v+ for keys on the left);
+2. memory tokens look ahead: memory position i attends to the W newest positions ending at the first token of
+   the current segment, only to p > i, score (q_i + u) k_p + (q_i + v-) W_R R(p - i) -> context A, lognorm F;
+3. interpolation alpha = s_past / (s_past + s_ahead + eps), computed from S and F in log space;
+   C' = alpha C + (1 - alpha) A feeds the output projection, residual, norm and FFN shared with the current
+   tokens, giving the next layer's memory input;
+4. cache: S <- [logaddexp(S, F); current lognorms], C <- [C'; current contexts], detached, last M kept.
+
+The windows of successive segments tile everything to a memory position's right without gap or overlap, so for
+one layer C' is one softmax over (its causal keys and every look-ahead key so far) and alpha is its past mass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .attention import attend, causal_allowed, causal_index, relative_encodings
+from .backbone import Backbone
+from .output import ModelOutput
+from .txl import reset_valid, roll_valid
+
+
+@dataclass
+class LaMemoMemory:
+    embed: Tensor  # [B, M, D] layer-0 inputs of the last M positions (detached)
+    context: list[Tensor]  # L x [B, M, H, E] cached attention outputs C (detached)
+    lognorm: list[Tensor]  # L x [B, M, H] fp32 log-normalisers S (detached)
+    valid: Tensor  # [B, M] bool: slot holds a real position of the current document
+
+
+def lookahead_layout(n_mem: int, n_cur: int, key_valid: Tensor) -> tuple[int, Tensor, Tensor]:
+    """Where the look-ahead window starts in the K keys, which (memory query, window key) pairs are allowed
+    ([B, M, W]) and the distance slot p - i - 1 of each pair ([M, W]); distances run 1..M."""
+    device = key_valid.device
+    window = min(n_mem, n_cur)
+    start = n_mem + 1 - window  # the window ends at key n_mem: the first token of the current segment
+    key_pos = torch.arange(start, n_mem + 1, device=device)[None, :]
+    query_pos = torch.arange(n_mem, device=device)[:, None]
+    ahead = key_pos - query_pos  # [M, W] p - i
+    allowed = (ahead > 0)[None] & key_valid[:, None, start : n_mem + 1]
+    return start, allowed, (ahead - 1).clamp(min=0)
+
+
+class LaMemo(Backbone):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.rpe == "disentangled":
+            # bias_v (from Backbone) serves as v+, for keys to the left; v- is for look-ahead keys.
+            shape = self.bias_v.shape
+            self.bias_v_ahead = nn.Parameter(torch.randn(shape) * cfg.init_std)
+
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LaMemoMemory:
+        cfg = self.cfg
+        B, M, L = batch_size, cfg.mem_len, cfg.n_layer
+        return LaMemoMemory(
+            embed=torch.zeros(B, M, cfg.d_model, device=device, dtype=dtype),
+            context=[torch.zeros(B, M, cfg.n_head, cfg.d_head, device=device, dtype=dtype) for _ in range(L)],
+            lognorm=[torch.zeros(B, M, cfg.n_head, device=device, dtype=torch.float32) for _ in range(L)],
+            valid=torch.zeros(B, M, dtype=torch.bool, device=device),
+        )
+
+    def forward(
+        self,
+        tokens: Tensor,  # [B, N]
+        memory: LaMemoMemory,
+        reset: Tensor | None = None,  # [B] bool
+        targets: Tensor | None = None,  # [B, N], -100 = ignore
+        return_logits: bool = False,
+    ) -> ModelOutput:
+        cfg = self.cfg
+        B, N = tokens.shape
+        M, L = cfg.mem_len, cfg.n_layer
+        device = tokens.device
+        valid = reset_valid(memory.valid, reset)
+        h_cur = self.embed_tokens(tokens)  # [B, N, D]
+        h_layer0 = h_cur
+        dtype = h_cur.dtype
+        h_mem = memory.embed.to(dtype)  # [B, M, D]
+
+        allowed_cur = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
+        index_cur = causal_index(N, M, device)  # [N, K]
+        r_cur = self.drop(relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype))
+        key_valid = torch.cat([valid, valid.new_ones(B, N)], dim=1)  # [B, K]
+        start, allowed_ahead, index_ahead = lookahead_layout(M, N, key_valid)
+        if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
+            r_ahead = self.drop(relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
+
+        new_context, new_lognorm = [], []
+        for l, layer in enumerate(self.layers):
+            u, v_left = self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l)
+            keys_in = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D]
+            q, k, v = layer.attn.project(layer.attn_input(keys_in))  # [B, K, H, E] each
+            r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
+            ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, u, v_left, layer.attn.dropatt)
+
+            ctx_mem, lognorm_mem = memory.context[l].to(dtype), memory.lognorm[l]
+            if cfg.lookahead:
+                if cfg.rpe == "xl":
+                    r_k_ahead, v_ahead = layer.attn.project_positions(r_ahead), v_left
+                else:
+                    r_k_ahead, v_ahead = r_k[1 : M + 1], self.layer_bias(self.bias_v_ahead, l)
+                window = slice(start, M + 1)
+                ctx_ahead, lognorm_ahead = attend(
+                    q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
+                    layer.attn.dropatt,
+                )
+                ctx_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead)
+                lognorm_mem = torch.logaddexp(lognorm_mem, lognorm_ahead)
+
+            if l < L - 1:
+                out = layer.finish(keys_in, torch.cat([ctx_mem, ctx_cur], dim=1))  # [B, K, D]
+                h_mem, h_cur = out[:, :M], out[:, M:]
+            else:  # the last layer's memory output would feed nothing: only its cache is updated
+                h_cur = layer.finish(h_cur, ctx_cur)
+            new_context.append(torch.cat([ctx_mem, ctx_cur], dim=1)[:, -M:].detach())
+            new_lognorm.append(torch.cat([lognorm_mem, lognorm_cur], dim=1)[:, -M:].detach())
+
+        nll, logits = self.predict(h_cur, targets, return_logits)
+        new_memory = LaMemoMemory(
+            embed=torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:].detach(),
+            context=new_context,
+            lognorm=new_lognorm,
+            valid=roll_valid(valid, N, M),
+        )
+        return ModelOutput(nll=nll, logits=logits, memory=new_memory)
+
+    def _interpolate(self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor) -> Tensor:
+        """C' = alpha C + (1 - alpha) A with alpha = s_past / (s_past + s_ahead + eps), in fp32 (eq. 10-11).
+
+        ctx_* [B, M, H, E], lognorm_* [B, M, H] fp32. With interpolate off (ablation) alpha = 0: C' = A.
+        """
+        if not self.cfg.interpolate:
+            return ctx_ahead
+        log_total = torch.logaddexp(lognorm_past, lognorm_ahead)
+        if self.cfg.interp_eps > 0:
+            log_total = torch.logaddexp(log_total, torch.full_like(log_total, math.log(self.cfg.interp_eps)))
+        alpha = torch.exp(lognorm_past - log_total)[..., None]  # [B, M, H, 1]
+        mixed = alpha * ctx_past.float() + (1.0 - alpha) * ctx_ahead.float()
+        return mixed.to(ctx_ahead.dtype)
