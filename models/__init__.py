@@ -3,10 +3,12 @@
     model = build_model(ModelConfig(arch="lamemo", ...))
     memory = model.init_memory(batch_size=B)
     out = model(tokens, memory, reset=reset, targets=targets)   # out.nll, out.logits, out.memory
+
+`ModelConfig` and `ConfigError` import without torch (the command line parses configs before it needs a
+model); everything else loads torch on first use.
 """
 
 from .config import ARCHS, ConfigError, ModelConfig
-from .output import ModelOutput, map_memory
 
 
 def build_model(cfg: ModelConfig):
@@ -23,6 +25,14 @@ def build_model(cfg: ModelConfig):
     from .rmt import RecurrentMemoryTransformer
 
     return RecurrentMemoryTransformer(cfg)
+
+
+def __getattr__(name: str):
+    if name in ("ModelOutput", "map_memory"):
+        from . import output
+
+        return getattr(output, name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 
 __all__ = ["ARCHS", "ConfigError", "ModelConfig", "ModelOutput", "build_model", "map_memory"]

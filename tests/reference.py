@@ -173,3 +173,69 @@ def lamemo_reference(model, stream: list[int], seg_len: int, mem_len: int):
         mem_pos = (mem_pos + cur)[-mem_len:]
         cache = [{p: c[p] for p in mem_pos} for c in cache]
     return nlls, cache
+
+
+def rmt_sees(q_block: str, q_off: int, k_block: str, k_off: int, mem_len: int, same_length: bool) -> bool:
+    """RMT visibility, rule by rule. Blocks: "cache", "read", "tok", "write"; offsets count tokens from the
+    segment's first token (cache slots are negative: the M positions before it)."""
+    if q_block == "write":
+        return True  # write rows gather the whole segment
+    if k_block == "read":
+        return True  # every row reads the memory; read rows see each other both ways
+    far = same_length and mem_len > 0 and q_block == "tok" and q_off - k_off >= mem_len
+    if k_block == "cache":
+        return not far  # the past
+    if q_block == "tok" and k_block == "tok":
+        return k_off <= q_off and not far  # causal
+    return False  # read rows see no tokens; nobody but the write rows sees the write block
+
+
+def rmt_reference(model, segments, resets, mem_len: int, same_length: bool = False):
+    """One lane of the Recurrent Memory Transformer, segment by segment, with explicit loops.
+
+    segments: list of (tokens, targets) lists; resets[s]: segment s starts a new document. Per layer the keys are
+    [cache M | read R | tokens N | write R] at positions 0, 1, ...; the score uses R(i - j) with the signed
+    distance. Returns per segment: (token nlls, write outputs [R, D] float64, nll of cfg.aux_token_id per write row).
+    """
+    cfg = model.cfg
+    H, E, D, R, M = cfg.n_head, cfg.d_head, cfg.d_model, cfg.num_mem_tokens, mem_len
+    init = [model.memory_init[i].double() for i in range(R)]
+    mem = None
+    cache = [[None] * M for _ in range(cfg.n_layer)]  # per layer, M slots: a layer input, or None (empty)
+    results = []
+    for (toks, tgts), reset in zip(segments, resets):
+        if reset or mem is None:
+            mem = init
+            cache = [[None] * M for _ in range(cfg.n_layer)]
+        N = len(toks)
+        emb = model.embed(torch.tensor(toks)[None])[0].double()
+        rows = [("read", -1)] * R + [("tok", t) for t in range(N)] + [("write", N)] * R  # (block, offset)
+        h = list(mem) + [emb[t] for t in range(N)] + list(mem)
+        for l, layer in enumerate(model.layers):
+            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
+            v = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            # keys: (position, block, offset, layer input)
+            keys = [(m, "cache", m - M, cache[l][m]) for m in range(M) if cache[l][m] is not None]
+            keys += [(M + i, blk, off, h[i]) for i, (blk, off) in enumerate(rows)]
+            kv = {pos: split_qkv(layer, attn_in(layer, x), H, E) for pos, _, _, x in keys}
+            new_h = []
+            for i, (q_blk, q_off) in enumerate(rows):
+                q = kv[M + i][0]
+                scores, values = [], []
+                for j, k_blk, k_off, _ in keys:
+                    if not rmt_sees(q_blk, q_off, k_blk, k_off, M, same_length):
+                        continue
+                    rk = pos_key(layer, (M + i) - j, cfg.clamp_len, D, H, E)
+                    scores.append((((q + u) * kv[j][1]).sum(-1) + ((q + v) * rk).sum(-1)) / math.sqrt(E))
+                    values.append(kv[j][2])
+                ctx, _ = softmax_context(scores, values)
+                new_h.append(_finish(layer, h[i], ctx))
+            if M:
+                cache[l] = (cache[l] + h[R : R + N])[-M:]
+            h = new_h
+        nlls = [0.0 if tgts[t] == -100 else head_nll(model, h[R + t], tgts[t]) for t in range(N)]
+        write = h[R + N :]
+        aux = [head_nll(model, w, cfg.aux_token_id) for w in write]
+        results.append((nlls, torch.stack(write), aux))
+        mem = write
+    return results

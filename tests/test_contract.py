@@ -15,6 +15,8 @@ VARIANTS = {
     "lamemo-xl-rpe": dict(arch="lamemo", rpe="xl"),
     "lamemo-no-lookahead": dict(arch="lamemo", lookahead=False),
     "lamemo-no-interp": dict(arch="lamemo", interpolate=False),
+    "rmt": dict(arch="rmt", mem_len=0, num_mem_tokens=2, bptt_depth=1),
+    "rmt-cache-aux": dict(arch="rmt", num_mem_tokens=3, bptt_depth=2, aux_loss_weight=0.1, same_length=True),
 }
 
 

@@ -1,0 +1,192 @@
+"""Recurrent Memory Transformer (Bulatov et al. 2022) on the Transformer-XL backbone, optionally combined with
+the Transformer-XL cache (the paper's "Tr-XL + RMT") and with the auxiliary memory loss of its appendix A.5.
+
+Shape legend: B lanes, N segment length, M cache (Transformer-XL memory) length, R memory tokens,
+Q = 2R + N queries (read | tokens | write), K = M + Q keys, P relative distances, L layers, D model width,
+H heads, E head width, V vocabulary.
+
+Every layer processes the sequence [read R | tokens N | write R]; the keys are [cache M | read R | tokens N |
+write R] at positions 0..K-1. Mask (see `rmt_allowed`): read rows see the read block (both directions); token
+rows are causal among tokens and see the read block, never the write block; write rows see everything. The
+cache (the past) is visible to every row. The write block's final outputs are the next segment's memory tokens,
+placed at both ends (the paper's H_mem_{t+1} := H_write_t). Only the token rows feed the softmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .attention import attend, relative_encodings
+from .backbone import Backbone
+from .output import ModelOutput
+from .txl import TXLMemory, reset_valid, roll_valid
+
+# Block of each query row / key column in rmt_allowed.
+CACHE, READ, TOKENS, WRITE = -1, 0, 1, 2
+
+
+@dataclass
+class RMTMemory:
+    tokens: Tensor  # [B, R, D] memory tokens the next segment reads (and rewrites); in the graph up to bptt_depth
+    fresh: Tensor  # [B] bool: lane holds no memory yet; forward puts the learned initial memory there
+    transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
+    cache: TXLMemory  # Transformer-XL cache of token positions only, detached; M = mem_len slots (0: no cache)
+
+    def detached(self) -> "RMTMemory":
+        """The same state cut from the autograd graph, its transition count back to 0."""
+        return dataclasses.replace(self, tokens=self.tokens.detach(), transitions=0)
+
+
+def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False) -> Tensor:
+    """[B, Q, K] bool: which key each query row may attend to, for the layout in the module docstring.
+
+    cache_valid [B, M] masks empty cache slots (start of a document). With same_length (and a cache) token rows
+    see only the cache and token keys less than M tokens back, as Transformer-XL's evaluation option does.
+    """
+    R, N = n_mem_tokens, n_tokens
+    B, M = cache_valid.shape
+    device = cache_valid.device
+    q_block = torch.tensor([READ] * R + [TOKENS] * N + [WRITE] * R, device=device)  # [Q]
+    k_block = torch.cat([torch.full((M,), CACHE, device=device), q_block])  # [K]
+    # Token-stream offset from the segment's first token (cache slots are the M positions before it).
+    q_off = torch.arange(2 * R + N, device=device) - R
+    k_off = torch.cat([torch.arange(-M, 0, device=device), q_off])
+    q_block, q_off = q_block[:, None], q_off[:, None]
+    k_block, k_off = k_block[None, :], k_off[None, :]
+
+    token_row = q_block == TOKENS
+    allowed = (
+        (q_block == WRITE)  # write rows gather the whole segment
+        | (k_block == CACHE)  # the cache is the past: visible to every row
+        | (k_block == READ)  # the read memory: visible to every row, both directions inside the block
+        | (token_row & (k_block == TOKENS) & (k_off <= q_off))  # tokens: causal, never the write block
+    )
+    if same_length and M > 0:
+        far = token_row & ((k_block == CACHE) | (k_block == TOKENS)) & (q_off - k_off >= M)
+        allowed = allowed & ~far
+    key_valid = torch.cat([cache_valid, cache_valid.new_ones(B, 2 * R + N)], dim=1)  # [B, K]
+    return allowed[None] & key_valid[:, None, :]
+
+
+def rmt_positions(n_mem_tokens: int, n_tokens: int, mem_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Signed distances i - j with queries at positions M..K-1 and keys at 0..K-1.
+
+    Returns the distinct distances [P] (for relative_encodings) and the [Q, K] slot index for `attend`. Allowed
+    pairs never look further right than R - 1 (inside the read or write block), so the list starts at -(R - 1);
+    pairs further right are masked anyway and share slot 0.
+    """
+    R, M = n_mem_tokens, mem_len
+    Q = 2 * R + n_tokens
+    distances = torch.arange(-(R - 1), M + Q, device=device)
+    dist = (torch.arange(Q, device=device)[:, None] + M) - torch.arange(M + Q, device=device)[None, :]
+    return distances, (dist + R - 1).clamp(min=0)
+
+
+class RecurrentMemoryTransformer(Backbone):
+    """RMT: Transformer-XL layers over [read | tokens | write], the write outputs carried to the next segment.
+
+    Backpropagation through time (cfg.bptt_depth = k): the loss of a segment reaches at most the k previous
+    segments through the memory tokens, and a cut beyond that is a real detach. `RMTMemory.transitions` counts
+    the memory transitions (segment -> next segment) in the autograd graph behind the memory tokens it holds,
+    i.e. how many previous segments the next segment's loss would reach. forward:
+      * if memory.transitions > k, the incoming tokens are detached and the count becomes 0;
+      * the outgoing memory's count is the (possibly reset) incoming count + 1.
+    Starting from init_memory (count 0), segments 1..k+1 form one window: segment s reaches the s - 1 segments
+    before it, segment k+1 reaches exactly the last k, and segment k+2 starts over from a detached memory. So
+    with k = 0 the memory is always detached, and with k = 1 segments pair up (1 alone, 2 -> 1, 3 alone,
+    4 -> 3, ...). The trainer runs k+1 segments before each backward, which keeps its windows aligned with these
+    (a memory carried across a backward has count k+1 and is cut by the next forward). The count follows this
+    schedule for the whole batch, whatever the resets: a lane that is reset mid-window simply has fewer
+    transitions behind it. `RMTMemory.detached()` cuts by hand and restarts the count.
+
+    The first memory is the learned parameter `memory_init` [R, D]; it is used again, per lane, for every lane
+    that is reset or fresh (a parameter, so those lanes' losses reach it). The Transformer-XL cache (mem_len > 0)
+    holds only token positions and is always detached; emptying it is masking through `valid`.
+    """
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.memory_init = nn.Parameter(torch.randn(cfg.num_mem_tokens, cfg.d_model) * cfg.init_std)
+
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> RMTMemory:
+        # Every lane is fresh: forward substitutes memory_init there. The parameter is not touched here, so
+        # this works outside forward (e.g. with ZeRO-3 partitioned parameters); the zeros are never read.
+        cfg = self.cfg
+        B, R, M, D = batch_size, cfg.num_mem_tokens, cfg.mem_len, cfg.d_model
+        return RMTMemory(
+            tokens=torch.zeros(B, R, D, device=device, dtype=dtype),
+            fresh=torch.ones(B, dtype=torch.bool, device=device),
+            transitions=0,
+            cache=TXLMemory(
+                hidden=[torch.zeros(B, M, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
+                valid=torch.zeros(B, M, dtype=torch.bool, device=device),
+            ),
+        )
+
+    def read_memory(self, memory: RMTMemory, reset: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, int]:
+        """The memory tokens this segment reads [B, R, D] and the transition count behind them."""
+        tokens, transitions = memory.tokens, memory.transitions
+        if transitions > self.cfg.bptt_depth:
+            # This segment's loss would reach more than bptt_depth earlier segments: cut the graph here.
+            tokens, transitions = tokens.detach(), 0
+        fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
+        init = self.memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
+        return torch.where(fresh[:, None, None], init, tokens.to(dtype)), transitions
+
+    def memory_loss(self, write: Tensor) -> Tensor | None:
+        """Paper A.5: the write outputs [B, R, D] predict the fixed token aux_token_id through the same softmax
+        head; the weighted mean NLL, or None when the loss is off."""
+        cfg = self.cfg
+        if cfg.aux_loss_weight <= 0:
+            return None
+        target = torch.full(write.shape[:2], cfg.aux_token_id, dtype=torch.long, device=write.device)
+        nll, _ = self.predict(write, target, False)
+        return cfg.aux_loss_weight * nll.mean()
+
+    def forward(
+        self,
+        tokens: Tensor,  # [B, N]
+        memory: RMTMemory,
+        reset: Tensor | None = None,  # [B] bool
+        targets: Tensor | None = None,  # [B, N], -100 = ignore
+        return_logits: bool = False,
+    ) -> ModelOutput:
+        cfg = self.cfg
+        B, N = tokens.shape
+        R, M = cfg.num_mem_tokens, cfg.mem_len
+        x = self.embed_tokens(tokens)  # [B, N, D]
+        mem, transitions = self.read_memory(memory, reset, x.dtype)  # [B, R, D]
+        h = torch.cat([mem, x, mem], dim=1)  # [B, Q, D]: the same memory at both ends
+        valid = reset_valid(memory.cache.valid, reset)
+
+        allowed = rmt_allowed(R, N, valid, cfg.same_length)  # [B, Q, K]
+        distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
+        r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))
+
+        new_cache = []
+        for l, layer in enumerate(self.layers):
+            cached = memory.cache.hidden[l].to(h.dtype)  # [B, M, D]
+            keys_in = torch.cat([cached, h], dim=1)  # [B, K, D]
+            if M:
+                # The cache keeps token positions only; the memory tokens travel through RMTMemory.tokens.
+                new_cache.append(torch.cat([cached, h[:, R : R + N]], dim=1)[:, -M:].detach())
+            q, k, v = layer.attn.project(layer.attn_input(keys_in))
+            context, _ = attend(
+                q[:, M:], k, v, layer.attn.project_positions(r), pos_index, allowed,
+                self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
+            )
+            h = layer.finish(h, context)
+
+        _, hidden, write = h.split([R, N, R], dim=1)
+        nll, logits = self.predict(hidden, targets, return_logits)
+        new_memory = RMTMemory(
+            tokens=write,
+            fresh=torch.zeros_like(memory.fresh),
+            transitions=transitions + 1,
+            cache=TXLMemory(hidden=new_cache if M else memory.cache.hidden, valid=roll_valid(valid, N, M)),
+        )
+        return ModelOutput(nll=nll, logits=logits, memory=new_memory, aux_loss=self.memory_loss(write))
