@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -76,10 +77,19 @@ class RelativeAttention(nn.Module):
         for lin in (self.qkv_net, self.r_net, self.o_net):
             nn.init.normal_(lin.weight, 0.0, init_std)
 
-    def project(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """[B, T, D] -> q, k, v each [B, T, H, E]."""
+    def project(self, h: Tensor, n_query: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """[B, T, D] -> q [B, n_query, H, E] for the last n_query positions (all when None), k, v [B, T, H, E].
+
+        Memory positions only serve as keys in Transformer-XL and RMT, so their queries are not computed.
+        """
         B, T, _ = h.shape
-        q, k, v = self.qkv_net(h).view(B, T, 3, self.n_head, self.d_head).unbind(dim=2)
+        HE = self.n_head * self.d_head
+        if n_query is None or n_query == T:
+            q, k, v = self.qkv_net(h).view(B, T, 3, self.n_head, self.d_head).unbind(dim=2)
+            return q, k, v
+        weight = self.qkv_net.weight  # [3 HE, D]: rows for q, then k, then v
+        q = F.linear(h[:, T - n_query :], weight[:HE]).view(B, n_query, self.n_head, self.d_head)
+        k, v = F.linear(h, weight[HE:]).view(B, T, 2, self.n_head, self.d_head).unbind(dim=2)
         return q, k, v
 
     def project_positions(self, r: Tensor) -> Tensor:

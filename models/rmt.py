@@ -174,9 +174,9 @@ class RecurrentMemoryTransformer(Backbone):
             if M:
                 # The cache keeps token positions only; the memory tokens travel through RMTMemory.tokens.
                 new_cache.append(torch.cat([cached, h[:, R : R + N]], dim=1)[:, -M:].detach())
-            q, k, v = layer.attn.project(layer.attn_input(keys_in))
+            q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=h.shape[1])
             context, _ = attend(
-                q[:, M:], k, v, layer.attn.project_positions(r), pos_index, allowed,
+                q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
             )
             h = layer.finish(h, context)

@@ -70,9 +70,9 @@ class TransformerXL(Backbone):
             if M:
                 new_hidden.append(keys_in[:, -M:].detach())
             x = layer.attn_input(keys_in)
-            q, k, v = layer.attn.project(x)
+            q, k, v = layer.attn.project(x, n_query=N)
             context, _ = attend(
-                q[:, M:], k, v, layer.attn.project_positions(r), pos_index, allowed,
+                q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
             )
             h = layer.finish(h, context)
