@@ -98,39 +98,45 @@ class AdaptiveLogSoftmax(nn.Module):
             self.weights[i] = table.weight
             self.projs[i] = embedding.projs[i]
 
-    def _cluster_logits(self, hidden: Tensor, i: int) -> Tensor:
-        """Logits over cluster i's own tokens for hidden [T, D] -> [T, size_i]."""
-        lo, hi = self.bounds[i]
-        t = 0 if self.div_val == 1 else i
-        weight = self.weights[t][lo:hi] if self.div_val == 1 else self.weights[t]
-        proj = self.projs[t]
-        x = F.linear(hidden, proj.t()) if proj.numel() else hidden
-        return F.linear(x, weight, self.bias[lo:hi])
+    def _project_in(self, hidden: Tensor, table: int) -> Tensor:
+        """hidden [T, D] -> [T, width of table]: the projection into an output table's embedding space."""
+        proj = self.projs[table]
+        return F.linear(hidden, proj.t()) if proj.numel() else hidden
 
-    def _head_logprobs(self, hidden: Tensor) -> Tensor:
-        """[T, D] -> [T, shortlist + C - 1]: shortlist tokens, then one logit per tail cluster."""
-        logits = self._cluster_logits(hidden, 0)
+    def _cluster_logits(self, projected: Tensor, i: int) -> Tensor:
+        """Logits over cluster i's own tokens from its projected hidden states [T, w_i] -> [T, size_i]."""
+        lo, hi = self.bounds[i]
+        if self.div_val == 1:  # one table: cluster i is a slice of it
+            return F.linear(projected, self.weights[0][lo:hi], self.bias[lo:hi])
+        return F.linear(projected, self.weights[i], self.bias[lo:hi])
+
+    def _tail_input(self, hidden: Tensor, head_input: Tensor, i: int) -> Tensor:
+        """With one table every cluster shares the head's projection: reuse it instead of recomputing."""
+        return head_input if self.div_val == 1 else self._project_in(hidden, i)
+
+    def _head_logprobs(self, head_input: Tensor) -> Tensor:
+        """[T, w_0] -> [T, shortlist + C - 1]: shortlist tokens, then one logit per tail cluster."""
+        logits = self._cluster_logits(head_input, 0)
         if self.n_clusters > 1:
-            t_proj = self.projs[0]
-            x = F.linear(hidden, t_proj.t()) if t_proj.numel() else hidden
-            logits = torch.cat([logits, F.linear(x, self.cluster_weight, self.cluster_bias)], dim=-1)
+            logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
         return F.log_softmax(logits.float(), dim=-1)
 
     def forward(self, hidden: Tensor, targets: Tensor | None, want_logprobs: bool) -> tuple[Tensor | None, Tensor | None]:
         B, N, D = hidden.shape
         flat = hidden.reshape(B * N, D)
-        head = self._head_logprobs(flat)  # [T, shortlist + C - 1]
-        logprobs = self._full_logprobs(flat, head).view(B, N, self.vocab_size) if want_logprobs else None
+        head_input = self._project_in(flat, 0)
+        head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
+        logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
             return None, logprobs
         tgt = targets.reshape(-1)
         if logprobs is not None:
             nll = -logprobs.view(B * N, -1).gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
         else:
-            nll = self._target_nll(flat, head, tgt)
+            nll = self._target_nll(flat, head_input, head, tgt)
         return nll.masked_fill(tgt < 0, 0.0).view(B, N), logprobs
 
-    def _target_nll(self, flat: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
+    def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
         """Only the clusters that hold a target are evaluated, and only on those positions."""
         safe = tgt.clamp(min=0)
         in_head = safe < self.shortlist
@@ -141,14 +147,15 @@ class AdaptiveLogSoftmax(nn.Module):
             idx = ((safe >= lo) & (safe < hi)).nonzero(as_tuple=True)[0]
             if not idx.numel():
                 continue
-            tail = F.log_softmax(self._cluster_logits(flat[idx], i).float(), dim=-1)
+            tail_input = self._tail_input(flat[idx], head_input[idx], i)
+            tail = F.log_softmax(self._cluster_logits(tail_input, i).float(), dim=-1)
             tok = tail.gather(1, (safe[idx] - lo)[:, None]).squeeze(1)
             nll = nll.index_put((idx,), -(head[idx, self.shortlist + i - 1] + tok))
         return nll
 
-    def _full_logprobs(self, flat: Tensor, head: Tensor) -> Tensor:
+    def _full_logprobs(self, flat: Tensor, head_input: Tensor, head: Tensor) -> Tensor:
         parts = [head[:, : self.shortlist]]
         for i in range(1, self.n_clusters):
-            tail = F.log_softmax(self._cluster_logits(flat, i).float(), dim=-1)
+            tail = F.log_softmax(self._cluster_logits(self._tail_input(flat, head_input, i), i).float(), dim=-1)
             parts.append(head[:, self.shortlist + i - 1 : self.shortlist + i] + tail)
         return torch.cat(parts, dim=-1)

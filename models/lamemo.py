@@ -119,15 +119,15 @@ class LaMemo(Backbone):
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
                     layer.attn.dropatt,
                 )
-                ctx_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead)
-                lognorm_mem = torch.logaddexp(lognorm_mem, lognorm_ahead)
+                ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead)
 
+            ctx_all = torch.cat([ctx_mem, ctx_cur], dim=1)  # [B, K, H, E]
             if l < L - 1:
-                out = layer.finish(keys_in, torch.cat([ctx_mem, ctx_cur], dim=1))  # [B, K, D]
+                out = layer.finish(keys_in, ctx_all)  # [B, K, D]
                 h_mem, h_cur = out[:, :M], out[:, M:]
             else:  # the last layer's memory output would feed nothing: only its cache is updated
                 h_cur = layer.finish(h_cur, ctx_cur)
-            new_context.append(torch.cat([ctx_mem, ctx_cur], dim=1)[:, -M:].detach())
+            new_context.append(ctx_all[:, -M:].detach())
             new_lognorm.append(torch.cat([lognorm_mem, lognorm_cur], dim=1)[:, -M:].detach())
 
         nll, logits = self.predict(h_cur, targets, return_logits)
@@ -139,16 +139,20 @@ class LaMemo(Backbone):
         )
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
 
-    def _interpolate(self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor) -> Tensor:
-        """C' = alpha C + (1 - alpha) A with alpha = s_past / (s_past + s_ahead + eps), in fp32 (eq. 10-11).
+    def _interpolate(
+        self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """C' = alpha C + (1 - alpha) A with alpha = s_past / (s_past + s_ahead + eps) (eq. 10-11), and the
+        updated log-normaliser logaddexp(S, F). ctx_* [B, M, H, E], lognorm_* [B, M, H].
 
-        ctx_* [B, M, H, E], lognorm_* [B, M, H] fp32. With interpolate off (ablation) alpha = 0: C' = A.
+        S, F and alpha stay in fp32 (they are exponentials of large sums); the mix itself runs in the compute
+        dtype. With interpolate off (ablation) alpha = 0: C' = A.
         """
+        log_past_and_ahead = torch.logaddexp(lognorm_past, lognorm_ahead)
         if not self.cfg.interpolate:
-            return ctx_ahead
-        log_total = torch.logaddexp(lognorm_past, lognorm_ahead)
+            return ctx_ahead, log_past_and_ahead
+        log_total = log_past_and_ahead
         if self.cfg.interp_eps > 0:
             log_total = torch.logaddexp(log_total, torch.full_like(log_total, math.log(self.cfg.interp_eps)))
-        alpha = torch.exp(lognorm_past - log_total)[..., None]  # [B, M, H, 1]
-        mixed = alpha * ctx_past.float() + (1.0 - alpha) * ctx_ahead.float()
-        return mixed.to(ctx_ahead.dtype)
+        alpha = torch.exp(lognorm_past - log_total)[..., None].to(ctx_ahead.dtype)  # [B, M, H, 1]
+        return alpha * ctx_past + (1.0 - alpha) * ctx_ahead, log_past_and_ahead
