@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except Exception as exc:  # noqa: BLE001 - only ConfigError is turned into a message; the rest re-raises
-        if not _is_config_error(exc):
+        if not (_is_config_error(exc) or _is_data_error(exc)):
             raise
         print(f"memlm: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_config(commands)
     _add_demo(commands)
+    _add_prepare(commands)
     return parser
 
 
@@ -61,6 +62,52 @@ def _run_demo(args: argparse.Namespace) -> int:
     from trainer import demo
 
     return demo.main(args)
+
+
+def _add_prepare(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("prepare", help="tokenize a corpus (or generate an algorithmic task) into a DATA_DIR "
+                            "of webdataset shards with manifest.json")
+    p.add_argument("--corpus", required=True, choices=["wikitext", "enwik8", "text8", "textdir", "jsonl", "task"])
+    p.add_argument("--input", metavar="PATH", help="the corpus folder or file (not needed for --corpus task)")
+    p.add_argument("--out", required=True, metavar="DATA_DIR")
+    p.add_argument("--tokenizer", choices=["word", "bytes", "spm-unigram", "spm-bpe"],
+                   help="trained on the train split (default: bytes for enwik8/text8/task, else word)")
+    p.add_argument("--tokenizer-from", metavar="DIR", help="reuse a trained tokenizer folder (e.g. DATA_DIR/tokenizer)")
+    p.add_argument("--vocab-size", type=int, metavar="N", help="needed for spm-*; caps the word vocabulary")
+    p.add_argument("--task", choices=["copy", "reverse", "retrieval", "quadratic"])
+    p.add_argument("--task-docs", metavar="N|TRAIN,VALID,TEST",
+                   help="samples per split (N: train N, valid and test N/10; default 10000)")
+    p.add_argument("--task-length", type=int, metavar="L",
+                   help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="task generation seed (default 0)")
+    p.add_argument("--split-pages", action="store_true", help="enwik8: one document per <page> instead of per split")
+    p.add_argument("--shard-tokens", type=int, default=50_000_000, metavar="T", help="tokens per shard (default 50M)")
+    p.add_argument("--workers", type=int, default=2, help="tokenizer processes (default 2; 1 = no pool)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing DATA_DIR")
+    p.set_defaults(run=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from data_pipeline.prepare import prepare
+
+    task_options = None
+    if args.corpus == "task":
+        task_options = {"docs": args.task_docs, "length": args.task_length, "seed": args.seed}
+    manifest = prepare(args.corpus, args.input, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                       task=args.task, task_options=task_options, shard_tokens=args.shard_tokens,
+                       split_pages=args.split_pages, workers=args.workers, overwrite=args.overwrite,
+                       tokenizer_from=args.tokenizer_from)
+    tok = manifest["tokenizer"]
+    print(f"{args.out}: tokenizer {tok['kind']} (vocab {tok['vocab_size']})")
+    for split, entry in manifest["splits"].items():
+        print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, {len(entry['shards'])} shard(s)")
+    return 0
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    # Looked up like ConfigError below: data_pipeline.format is loaded whenever a DataError can have been raised.
+    fmt = sys.modules.get("data_pipeline.format")
+    return fmt is not None and isinstance(exc, fmt.DataError)
 
 
 def _is_config_error(exc: BaseException) -> bool:
