@@ -76,7 +76,7 @@ def test_wt103_presets_follow_the_lamemo_paper(arch, mem_len):
 
 
 @pytest.mark.parametrize("name,arch,vocab", [("e8_base_txl", "txl", 256), ("e8_base_lamemo", "lamemo", 256),
-                                             ("t8_base_lamemo", "lamemo", 27)])
+                                             ("t8_base_lamemo", "lamemo", 256)])
 def test_character_presets_follow_the_lamemo_paper(name, arch, vocab):
     cfg = load_config(CONFIGS / f"{name}.yaml")
     m = cfg.model
