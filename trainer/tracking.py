@@ -1,0 +1,250 @@
+"""MLflow tracking for a training run: params, batched metrics, artifacts, tags; rank 0 only.
+
+    tracker = Tracker(cfg.tracking, run_dir, rank, cfg)   # rank != 0 or tracking disabled: a no-op
+    tracker.log_metrics(step, {"loss": 3.2, "lr": 1e-4})   # buffered, sent with log_batch
+    tracker.log_artifact(run_dir / "config.yaml")
+    tracker.finish()                                       # or finish("FAILED"); idempotent
+
+Tracking must never stop training: the first failing MLflow call (server down, database locked, ...) logs one
+warning and the tracker turns into a no-op; metrics.jsonl in the run folder stays the complete record.
+We use an MlflowClient rather than mlflow.start_run(): no process-global active run, so a Ray worker or a test
+can hold several trackers, and nothing the trainer or a library does with the fluent API interferes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from .config import RunConfig, TrackingConfig, flatten
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
+FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, DESIGN §9)
+FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
+MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
+MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch
+MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
+
+_ENV_DEFAULTS = {
+    # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    # Defaults are 7 retries with exponential backoff and a 120 s timeout: a dead server would stall the
+    # first step for minutes. Fail fast instead; the tracker then goes quiet and training carries on.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
+
+class Tracker:
+    """One MLflow run for one training run folder. Inactive (every method a no-op, run_id None) on ranks
+    other than 0, when tracking is disabled, and after the first MLflow failure."""
+
+    def __init__(self, cfg: TrackingConfig, run_dir: Path, rank: int, config: RunConfig):
+        self.run_id: Optional[str] = None
+        self.uri = ""
+        self._client: Any = None  # None: no-op
+        self._metrics: list[Any] = []
+        self._calls = 0
+        self._warned = False
+        self._last_flush = time.monotonic()
+        if rank != 0 or not cfg.enabled:
+            return
+        for key, value in _ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        self.uri = cfg.resolved_uri()
+        self._guard(self._start, cfg, Path(run_dir), config)
+
+    @property
+    def active(self) -> bool:
+        return self._client is not None
+
+    # ---------------------------------------------------------------------------------------------------------
+    # The trainer's calls
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)  # when measured, not when flushed
+        for key, value in metrics.items():
+            try:
+                self._metrics.append(Metric(key, float(value), now, int(step)))
+            except (TypeError, ValueError):  # a non-number must not cost the whole run's tracking
+                log.debug("tracking: skipping non-numeric metric %s=%r", key, value)
+        self._calls += 1
+        if (self._calls >= FLUSH_EVERY_CALLS or len(self._metrics) >= MAX_BATCH_METRICS
+                or time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.active and self._metrics:
+            self._guard(self._flush)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if not self.active:
+            return
+        if not Path(path).exists():  # the caller's mistake: skip it, but keep tracking the run
+            log.warning("tracking: artifact %s does not exist; not logged", path)
+            return
+        self._guard(self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.active and tags:
+            self._guard(self._log_tags, {k: str(v) for k, v in tags.items()})
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Send what is buffered and end the run with FINISHED, FAILED or KILLED; later calls do nothing."""
+        if not self.active:
+            return
+        self.flush()
+        if self.active:
+            self._guard(self._client.set_terminated, self.run_id, status)
+        self._client = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish("FINISHED")
+        else:
+            self.finish("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Internals
+
+    def _guard(self, fn, *args) -> None:
+        """Run one MLflow call; on any failure warn once and go no-op for the rest of the run."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "MLflow tracking at %s failed (%s: %s); tracking is off for the rest of this run, "
+                    "metrics.jsonl in the run folder stays complete",
+                    _redact(self.uri), type(exc).__name__, _first_line(exc))
+            self._client = None
+            self._metrics.clear()
+
+    def _start(self, cfg: TrackingConfig, run_dir: Path, config: RunConfig) -> None:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        client = MlflowClient(tracking_uri=self.uri)
+        id_file = run_dir / RUN_ID_FILE
+        old_params: dict[str, str] = {}
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if run_id:
+            try:
+                old_params = client.get_run(run_id).data.params
+                client.update_run(run_id, status="RUNNING")  # reopen a FINISHED/FAILED/KILLED run
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                log.info("tracking: run %s from %s is not in %s; starting a new run", run_id, id_file, self.uri)
+                run_id = ""
+        if not run_id:
+            experiment_id = ensure_experiment(cfg, client)
+            run_id = client.create_run(experiment_id, run_name=cfg.run_name or run_dir.name).info.run_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
+        self.run_id, self._client = run_id, client
+
+        params = {key: _param_value(value) for key, value in flatten(config).items()}
+        # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps
+        # the first values and says so, rather than failing and losing tracking.
+        changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
+        if changed:
+            log.warning("tracking: resumed run %s keeps its first values of changed params %s", run_id, changed)
+        params = {k: v for k, v in params.items() if k not in old_params}
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), MAX_BATCH_PARAMS):
+            client.log_batch(run_id, params=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+        revision = git_revision()
+        self._log_tags({
+            "arch": str(config.model.arch),
+            "git_revision": revision,
+            "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
+            "run_dir": str(run_dir.resolve()),
+        })
+
+    def _log_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v[:MAX_PARAM_VALUE]) for k, v in tags.items()]
+        for i in range(0, len(items), MAX_BATCH_PARAMS):
+            self._client.log_batch(self.run_id, tags=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+
+    def _flush(self) -> None:
+        while self._metrics:
+            batch = self._metrics[:MAX_BATCH_METRICS]
+            self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
+            del self._metrics[:len(batch)]
+        self._calls, self._last_flush = 0, time.monotonic()
+
+
+def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
+    """The id of cfg.experiment, created if missing. Call it once in a driver before parallel trials: two
+    processes creating a fresh SQLite store at the same moment fail (DESIGN §9)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri = cfg.resolved_uri()
+    client = client or MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(cfg.experiment)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":  # deleted in the UI: runs cannot be created in it until restored
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    # A SQLite store would put artifacts in ./mlruns of whatever folder the creator ran in; keep them beside
+    # the database instead, so every run of the experiment, from any folder, writes to one place.
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    try:
+        return client.create_experiment(cfg.experiment, artifact_location=location)
+    except MlflowException as exc:  # another process created it between our two calls
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def git_revision() -> str:
+    """HEAD of the repository this code runs from, or "unknown" (no git, not a checkout, an installed copy)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _param_value(value: Any) -> str:
+    return str(value)[:MAX_PARAM_VALUE]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _redact(uri: str) -> str:
+    """The URI without a password, for log lines."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
