@@ -26,6 +26,23 @@ def cluster_widths(d_embed: int, n_clusters: int, div_val: int) -> list[int]:
     return [d_embed // div_val**i for i in range(n_clusters)]
 
 
+def add_projections(module: nn.Module, widths: list[int], d_proj: int, init_std: float) -> None:
+    """Register `proj{i}` [d_proj, w] for each table whose width w differs from d_proj.
+
+    They are direct parameters of the module that uses them (no ParameterList/Dict child), because ZeRO-3 gathers
+    a module's own parameters when its forward runs and would leave a child container's partitioned.
+    """
+    module.n_tables = len(widths)
+    for i, w in enumerate(widths):
+        if w != d_proj:
+            setattr(module, f"proj{i}", nn.Parameter(torch.empty(d_proj, w).normal_(0.0, init_std)))
+
+
+def table_projections(module: nn.Module) -> list[nn.Parameter | None]:
+    """Per table: its [d_proj, width] projection, or None where the width already is d_proj."""
+    return [getattr(module, f"proj{i}", None) for i in range(module.n_tables)]
+
+
 class AdaptiveEmbedding(nn.Module):
     """tokens [B, N] -> [B, N, D], scaled by sqrt(D) as in Transformer-XL."""
 
@@ -39,18 +56,17 @@ class AdaptiveEmbedding(nn.Module):
         widths = cluster_widths(d_embed, len(self.bounds), div_val)[:n_tables]
         sizes = [vocab_size] if div_val == 1 else [hi - lo for lo, hi in self.bounds]
         self.tables = nn.ModuleList(nn.Embedding(n, w) for n, w in zip(sizes, widths))
-        self.projs = nn.ParameterList(
-            nn.Parameter(torch.empty(d_proj, w)) if w != d_proj else nn.Parameter(torch.empty(0)) for w in widths
-        )
+        add_projections(self, widths, d_proj, init_std)
         for table in self.tables:
             nn.init.normal_(table.weight, 0.0, init_std)
-        for proj in self.projs:
-            if proj.numel():
-                nn.init.normal_(proj, 0.0, init_std)
+
+    @property
+    def projs(self) -> list[nn.Parameter | None]:
+        return table_projections(self)
 
     def _project(self, x: Tensor, i: int) -> Tensor:
         proj = self.projs[i]
-        return F.linear(x, proj) if proj.numel() else x
+        return x if proj is None else F.linear(x, proj)
 
     def forward(self, tokens: Tensor) -> Tensor:
         if len(self.tables) == 1:
@@ -81,27 +97,36 @@ class AdaptiveLogSoftmax(nn.Module):
         widths = cluster_widths(d_embed, self.n_clusters, div_val)
         n_tables = 1 if div_val == 1 else self.n_clusters
         sizes = [vocab_size] if div_val == 1 else [hi - lo for lo, hi in self.bounds]
-        self.weights = nn.ParameterList(nn.Parameter(torch.empty(n, w)) for n, w in zip(sizes, widths[:n_tables]))
-        self.projs = nn.ParameterList(
-            nn.Parameter(torch.empty(d_proj, w)) if w != d_proj else nn.Parameter(torch.empty(0))
-            for w in widths[:n_tables]
-        )
+        for i, (n, w) in enumerate(zip(sizes, widths[:n_tables])):  # direct parameters: see add_projections
+            setattr(self, f"weight{i}", nn.Parameter(torch.empty(n, w).normal_(0.0, init_std)))
+        add_projections(self, widths[:n_tables], d_proj, init_std)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
-        self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters - 1, widths[0]))
-        self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters - 1))
-        for p in list(self.weights) + [p for p in self.projs if p.numel()]:
-            nn.init.normal_(p, 0.0, init_std)
+        # Tail-cluster logits of the head; absent without cutoffs (zero-size parameters break ZeRO-3 partitioning).
+        if self.n_clusters > 1:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters - 1, widths[0]))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters - 1))
+
+    @property
+    def weights(self) -> list[nn.Parameter]:
+        """Per table: its output weights [size, width]."""
+        return [getattr(self, f"weight{i}") for i in range(self.n_tables)]
+
+    @property
+    def projs(self) -> list[nn.Parameter | None]:
+        return table_projections(self)
 
     def tie_to(self, embedding: AdaptiveEmbedding) -> None:
         """Share the embedding tables and projections (Transformer-XL's tie_weight with tied projections)."""
         for i, table in enumerate(embedding.tables):
-            self.weights[i] = table.weight
-            self.projs[i] = embedding.projs[i]
+            setattr(self, f"weight{i}", table.weight)
+        for i, proj in enumerate(embedding.projs):
+            if proj is not None:
+                setattr(self, f"proj{i}", proj)
 
     def _project_in(self, hidden: Tensor, table: int) -> Tensor:
         """hidden [T, D] -> [T, width of table]: the projection into an output table's embedding space."""
         proj = self.projs[table]
-        return F.linear(hidden, proj.t()) if proj.numel() else hidden
+        return hidden if proj is None else F.linear(hidden, proj.t())
 
     def _cluster_logits(self, projected: Tensor, i: int) -> Tensor:
         """Logits over cluster i's own tokens from its projected hidden states [T, w_i] -> [T, size_i]."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -69,12 +68,15 @@ class RelativeAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float, init_std: float):
         super().__init__()
         self.n_head, self.d_head = n_head, d_head
-        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        # q and k/v are separate modules so that every use is a module call (ZeRO-3 gathers parameters in a
+        # module's forward) and memory rows, which are keys only, can skip the query projection.
+        self.q_net = nn.Linear(d_model, n_head * d_head, bias=False)
+        self.kv_net = nn.Linear(d_model, 2 * n_head * d_head, bias=False)
         self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.dropatt = nn.Dropout(dropatt)
         self.drop = nn.Dropout(dropout)
-        for lin in (self.qkv_net, self.r_net, self.o_net):
+        for lin in (self.q_net, self.kv_net, self.r_net, self.o_net):
             nn.init.normal_(lin.weight, 0.0, init_std)
 
     def project(self, h: Tensor, n_query: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -83,13 +85,9 @@ class RelativeAttention(nn.Module):
         Memory positions only serve as keys in Transformer-XL and RMT, so their queries are not computed.
         """
         B, T, _ = h.shape
-        HE = self.n_head * self.d_head
-        if n_query is None or n_query == T:
-            q, k, v = self.qkv_net(h).view(B, T, 3, self.n_head, self.d_head).unbind(dim=2)
-            return q, k, v
-        weight = self.qkv_net.weight  # [3 HE, D]: rows for q, then k, then v
-        q = F.linear(h[:, T - n_query :], weight[:HE]).view(B, n_query, self.n_head, self.d_head)
-        k, v = F.linear(h, weight[HE:]).view(B, T, 2, self.n_head, self.d_head).unbind(dim=2)
+        n_query = T if n_query is None else n_query
+        q = self.q_net(h[:, T - n_query :]).view(B, n_query, self.n_head, self.d_head)
+        k, v = self.kv_net(h).view(B, T, 2, self.n_head, self.d_head).unbind(dim=2)
         return q, k, v
 
     def project_positions(self, r: Tensor) -> Tensor:

@@ -13,6 +13,24 @@ from .attention import RelativeLayer
 from .config import ModelConfig
 
 
+class LearnedTensors(nn.Module):
+    """Free-standing learned tensors (position biases, RMT's initial memory), read through a module call.
+
+    ZeRO-3 gathers a module's parameters only while its forward runs, and again for backward through hooks on
+    that forward's tensor outputs; parameters read straight off the top-level model would stay partitioned.
+    """
+
+    def add(self, name: str, shape: tuple[int, ...], init_std: float) -> None:
+        self.register_parameter(name, nn.Parameter(torch.randn(shape) * init_std))
+
+    def forward(self) -> tuple[Tensor, ...]:
+        return tuple(self._parameters.values())
+
+    def fetch(self) -> dict[str, Tensor]:
+        """{name: tensor} for use inside the model's forward."""
+        return dict(zip(self._parameters, self()))
+
+
 class Backbone(nn.Module):
     """Embedding -> (architecture-specific layer loop) -> adaptive softmax.
 
@@ -32,9 +50,10 @@ class Backbone(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(RelativeLayer(cfg) for _ in range(cfg.n_layer))
         # Transformer-XL's global content bias u and position bias v ([L, H, E] when untied per layer).
-        bias_shape = (cfg.n_layer, cfg.n_head, cfg.d_head) if cfg.untie_r else (cfg.n_head, cfg.d_head)
-        self.bias_u = nn.Parameter(torch.randn(bias_shape) * cfg.init_std)
-        self.bias_v = nn.Parameter(torch.randn(bias_shape) * cfg.init_std)
+        self.bias_shape = (cfg.n_layer, cfg.n_head, cfg.d_head) if cfg.untie_r else (cfg.n_head, cfg.d_head)
+        self.learned = LearnedTensors()
+        self.learned.add("bias_u", self.bias_shape, cfg.init_std)
+        self.learned.add("bias_v", self.bias_shape, cfg.init_std)
         # Pre-LN stacks leave the residual stream unnormalised; normalise once before the softmax.
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_lnorm else nn.Identity()
 

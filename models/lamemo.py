@@ -61,8 +61,7 @@ class LaMemo(Backbone):
         super().__init__(cfg)
         if cfg.rpe == "disentangled":
             # bias_v (from Backbone) serves as v+, for keys to the left; v- is for look-ahead keys.
-            shape = self.bias_v.shape
-            self.bias_v_ahead = nn.Parameter(torch.randn(shape) * cfg.init_std)
+            self.learned.add("bias_v_ahead", self.bias_shape, cfg.init_std)
 
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LaMemoMemory:
         cfg = self.cfg
@@ -100,9 +99,10 @@ class LaMemo(Backbone):
         if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
             r_ahead = self.drop(relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
 
+        learned = self.learned.fetch()
         new_context, new_lognorm = [], []
         for l, layer in enumerate(self.layers):
-            u, v_left = self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l)
+            u, v_left = self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l)
             keys_in = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D]
             q, k, v = layer.attn.project(layer.attn_input(keys_in))  # [B, K, H, E] each
             r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
@@ -113,7 +113,7 @@ class LaMemo(Backbone):
                 if cfg.rpe == "xl":
                     r_k_ahead, v_ahead = layer.attn.project_positions(r_ahead), v_left
                 else:
-                    r_k_ahead, v_ahead = r_k[1 : M + 1], self.layer_bias(self.bias_v_ahead, l)
+                    r_k_ahead, v_ahead = r_k[1 : M + 1], self.layer_bias(learned["bias_v_ahead"], l)
                 window = slice(start, M + 1)
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,

@@ -110,7 +110,7 @@ class RecurrentMemoryTransformer(Backbone):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.memory_init = nn.Parameter(torch.randn(cfg.num_mem_tokens, cfg.d_model) * cfg.init_std)
+        self.learned.add("memory_init", (cfg.num_mem_tokens, cfg.d_model), cfg.init_std)
 
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> RMTMemory:
         # Every lane is fresh: forward substitutes memory_init there. The parameter is not touched here, so
@@ -127,14 +127,16 @@ class RecurrentMemoryTransformer(Backbone):
             ),
         )
 
-    def read_memory(self, memory: RMTMemory, reset: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, int]:
+    def read_memory(
+        self, memory: RMTMemory, reset: Tensor | None, memory_init: Tensor, dtype: torch.dtype
+    ) -> tuple[Tensor, int]:
         """The memory tokens this segment reads [B, R, D] and the transition count behind them."""
         tokens, transitions = memory.tokens, memory.transitions
         if transitions > self.cfg.bptt_depth:
             # This segment's loss would reach more than bptt_depth earlier segments: cut the graph here.
             tokens, transitions = tokens.detach(), 0
         fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
-        init = self.memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
+        init = memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
         return torch.where(fresh[:, None, None], init, tokens.to(dtype)), transitions
 
     def memory_loss(self, write: Tensor) -> Tensor | None:
@@ -159,7 +161,8 @@ class RecurrentMemoryTransformer(Backbone):
         B, N = tokens.shape
         R, M = cfg.num_mem_tokens, cfg.mem_len
         x = self.embed_tokens(tokens)  # [B, N, D]
-        mem, transitions = self.read_memory(memory, reset, x.dtype)  # [B, R, D]
+        learned = self.learned.fetch()
+        mem, transitions = self.read_memory(memory, reset, learned["memory_init"], x.dtype)  # [B, R, D]
         h = torch.cat([mem, x, mem], dim=1)  # [B, Q, D]: the same memory at both ends
         valid = reset_valid(memory.cache.valid, reset)
 
@@ -177,7 +180,7 @@ class RecurrentMemoryTransformer(Backbone):
             q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=h.shape[1])
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
-                self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
+                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
             )
             h = layer.finish(h, context)
 

@@ -64,6 +64,7 @@ class TransformerXL(Backbone):
         pos_index = causal_index(N, M, tokens.device)  # [N, K]
         r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len, h.dtype))
 
+        learned = self.learned.fetch()
         new_hidden = []
         for l, layer in enumerate(self.layers):
             keys_in = torch.cat([memory.hidden[l].to(h.dtype), h], dim=1)  # [B, K, D]
@@ -73,7 +74,7 @@ class TransformerXL(Backbone):
             q, k, v = layer.attn.project(x, n_query=N)
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
-                self.layer_bias(self.bias_u, l), self.layer_bias(self.bias_v, l), layer.attn.dropatt,
+                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
             )
             h = layer.finish(h, context)
 

@@ -19,7 +19,7 @@ def sinusoid_vec(d: float, dim: int) -> torch.Tensor:
 
 def split_qkv(layer, x: torch.Tensor, n_head: int, d_head: int):
     """x [D] -> q, k, v each [H, E] using the layer's fused projection."""
-    w = layer.attn.qkv_net.weight.double()
+    w = torch.cat([layer.attn.q_net.weight, layer.attn.kv_net.weight]).double()  # rows: q, then k, then v
     q, k, v = (w @ x).view(3, n_head, d_head)
     return q, k, v
 
@@ -79,8 +79,8 @@ def txl_reference(model, stream: list[int], seg_len: int, mem_len: int, same_len
         positions = list(range(start, min(start + seg_len, len(stream) - 1)))
         h = {p: emb[p] for p in positions}
         for l, layer in enumerate(model.layers):
-            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
-            v = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
+            v = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
             keys = mem[l] + [(p, h[p]) for p in positions]
             kv = {p: split_qkv(layer, attn_in(layer, x), H, E) for p, x in keys}
             new_h = {}
@@ -129,8 +129,8 @@ def lamemo_reference(model, stream: list[int], seg_len: int, mem_len: int):
         h = {p: embed[p] for p in mem_pos}
         h.update({p: emb_all[p] for p in cur})
         for l, layer in enumerate(model.layers):
-            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
-            v_left = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
+            v_left = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
             everyone = mem_pos + cur
             kv = {p: split_qkv(layer, attn_in(layer, h[p]), H, E) for p in everyone}
             ctx, lse = {}, {}
@@ -154,7 +154,7 @@ def lamemo_reference(model, stream: list[int], seg_len: int, mem_len: int):
                             rk, vb = pos_key(layer, i - p, cfg.clamp_len, D, H, E), v_left
                         else:
                             rk = pos_key(layer, p - i, cfg.clamp_len, D, H, E)
-                            vb = (model.bias_v_ahead[l] if cfg.untie_r else model.bias_v_ahead).double()
+                            vb = (model.learned.bias_v_ahead[l] if cfg.untie_r else model.learned.bias_v_ahead).double()
                         scores.append((((kv[i][0] + u) * kv[p][1]).sum(-1) + ((kv[i][0] + vb) * rk).sum(-1)) / math.sqrt(E))
                         values.append(kv[p][2])
                     A, F = softmax_context(scores, values)
@@ -199,7 +199,7 @@ def rmt_reference(model, segments, resets, mem_len: int, same_length: bool = Fal
     """
     cfg = model.cfg
     H, E, D, R, M = cfg.n_head, cfg.d_head, cfg.d_model, cfg.num_mem_tokens, mem_len
-    init = [model.memory_init[i].double() for i in range(R)]
+    init = [model.learned.memory_init[i].double() for i in range(R)]
     mem = None
     cache = [[None] * M for _ in range(cfg.n_layer)]  # per layer, M slots: a layer input, or None (empty)
     results = []
@@ -212,8 +212,8 @@ def rmt_reference(model, segments, resets, mem_len: int, same_length: bool = Fal
         rows = [("read", -1)] * R + [("tok", t) for t in range(N)] + [("write", N)] * R  # (block, offset)
         h = list(mem) + [emb[t] for t in range(N)] + list(mem)
         for l, layer in enumerate(model.layers):
-            u = (model.bias_u[l] if cfg.untie_r else model.bias_u).double()
-            v = (model.bias_v[l] if cfg.untie_r else model.bias_v).double()
+            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
+            v = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
             # keys: (position, block, offset, layer input)
             keys = [(m, "cache", m - M, cache[l][m]) for m in range(M) if cache[l][m] is not None]
             keys += [(M + i, blk, off, h[i]) for i, (blk, off) in enumerate(rows)]

@@ -60,7 +60,7 @@ def ref_embedding(emb, token, cutoffs, div_val, d_proj):
     else:
         row, proj = emb.tables[i].weight[token - lo], emb.projs[i]
     row = row.detach().double()
-    if proj.numel():
+    if proj is not None:
         row = proj.detach().double() @ row
     return row * math.sqrt(d_proj)
 
@@ -81,7 +81,7 @@ def _ref_logprobs(head, h, cutoffs, div_val):
     def proj_in(i):
         t = 0 if div_val == 1 else i
         p = head.projs[t]
-        return p.double().t() @ h if p.numel() else h
+        return p.double().t() @ h if p is not None else h
 
     def token_logit(w):
         i = cluster_of(w, cutoffs)
@@ -199,7 +199,7 @@ def test_tying_shares_storage_and_gradients(cutoffs, div_val, d_embed, d_proj):
         assert weight is table.weight and weight.data_ptr() == table.weight.data_ptr()
     for p_emb, p_head in zip(emb.projs, head.projs):
         assert p_head is p_emb
-        if p_emb.numel():
+        if p_emb is not None:
             assert p_head.data_ptr() == p_emb.data_ptr()
     # Writing through one side is seen by the other.
     with torch.no_grad():
@@ -209,7 +209,7 @@ def test_tying_shares_storage_and_gradients(cutoffs, div_val, d_embed, d_proj):
     # The shared tensor's gradient is the sum of what the embedding and the head each send it.
     tokens = torch.tensor([[0, 12, 35, 59, 3]])
     targets = torch.tensor([[12, 35, 59, 3, 1]])
-    shared = [t.weight for t in emb.tables] + [p for p in emb.projs if p.numel()]
+    shared = [t.weight for t in emb.tables] + [p for p in emb.projs if p is not None]
 
     def grads(loss_fn):
         for p in shared:
@@ -236,6 +236,6 @@ def test_build_model_ties_or_not(cutoffs, div_val):
         assert w.data_ptr() == t.weight.data_ptr()
     for t, w in zip(untied.embed.tables, untied.head.weights):
         assert w.data_ptr() != t.weight.data_ptr()
-    shared = sum(t.weight.numel() for t in tied.embed.tables) + sum(p.numel() for p in tied.embed.projs)
+    shared = sum(t.weight.numel() for t in tied.embed.tables) + sum(p.numel() for p in tied.embed.projs if p is not None)
     assert shared > 0
     assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in tied.parameters()) == shared

@@ -73,7 +73,7 @@ def test_single_layer_interpolation_is_one_softmax_over_past_and_lookahead_keys(
     layer = model.layers[0]
     emb = model.embed(torch.tensor(stream)[None])[0].double()
     kv = [split_qkv(layer, emb[p], H, E) for p in range(len(stream))]
-    u, v_left, v_right = (t.double() for t in (model.bias_u, model.bias_v, model.bias_v_ahead))
+    u, v_left, v_right = (t.double() for t in (model.learned.bias_u, model.learned.bias_v, model.learned.bias_v_ahead))
     last_start = N * 5  # first token of the last segment processed
     checked = 0
     for slot in range(M):
@@ -108,11 +108,11 @@ def test_lookahead_bias_gets_gradient_only_through_a_real_memory():
     memory = model.init_memory(2)
     out = model(tokens[:, :4], memory, targets=tokens[:, 1:5])
     out.nll.sum().backward()
-    assert model.bias_v_ahead.grad is not None and model.bias_v_ahead.grad.abs().max() == 0
+    assert model.learned.bias_v_ahead.grad is not None and model.learned.bias_v_ahead.grad.abs().max() == 0
     model.zero_grad()
     out = model(tokens[:, 4:8], out.memory, targets=tokens[:, 5:9])
     out.nll.sum().backward()
-    assert model.bias_v_ahead.grad.abs().max() > 0
+    assert model.learned.bias_v_ahead.grad.abs().max() > 0
     assert not any(t.requires_grad for t in [out.memory.embed, *out.memory.context, *out.memory.lognorm])
 
 

@@ -217,7 +217,7 @@ def test_bptt_depth_by_gradients(k, mem_len):
     assert [o.memory.transitions for o in outs] == [(s % (k + 1)) + 1 for s in range(n_seg)]
     for S in range(1, n_seg + 1):
         earlier = list(range(S - 1))  # 0-based indices of segments 1..S-1
-        inputs = [embeds[i] for i in earlier] + [outs[i].memory.tokens for i in earlier] + [model.memory_init]
+        inputs = [embeds[i] for i in earlier] + [outs[i].memory.tokens for i in earlier] + [model.learned.memory_init]
         grads = torch.autograd.grad(outs[S - 1].nll.sum(), inputs, allow_unused=True, retain_graph=True)
         nonzero = [g is not None and bool(g.abs().sum() > 0) for g in grads]
         reached_tokens = {i + 1 for i, nz in zip(earlier, nonzero[: S - 1]) if nz}
@@ -236,8 +236,8 @@ def test_reset_lane_gets_learned_memory_gradient():
     model = build_model(tiny(bptt_depth=0)).train()
     tokens = torch.randint(0, 50, (2, 24))
     outs = run(model, tokens, tokens, [8, 8, 8], resets=[None, None, torch.tensor([True, False])])
-    g0, = torch.autograd.grad(outs[2].nll[0].sum(), model.memory_init, retain_graph=True)
-    g1, = torch.autograd.grad(outs[2].nll[1].sum(), model.memory_init, allow_unused=True)
+    g0, = torch.autograd.grad(outs[2].nll[0].sum(), model.learned.memory_init, retain_graph=True)
+    g1, = torch.autograd.grad(outs[2].nll[1].sum(), model.learned.memory_init, allow_unused=True)
     assert g0.abs().sum() > 0
     assert g1 is None or g1.abs().sum() == 0
 
@@ -303,4 +303,4 @@ def test_aux_loss_is_weighted_nll_of_the_fixed_token():
     assert out.aux_loss.dim() == 0
     torch.testing.assert_close(out.aux_loss, want, rtol=1e-5, atol=1e-6)
     out.aux_loss.backward()
-    assert model.memory_init.grad.abs().sum() > 0  # the aux loss trains the memory
+    assert model.learned.memory_init.grad.abs().sum() > 0  # the aux loss trains the memory
