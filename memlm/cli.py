@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except Exception as exc:  # noqa: BLE001 - only ConfigError is turned into a message; the rest re-raises
-        if not (_is_config_error(exc) or _is_data_error(exc)):
+        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc)):
             raise
         print(f"memlm: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -30,10 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memlm", description="Train and evaluate segment-recurrent memory language models."
     )
+    # The deepspeed launcher puts --local_rank=N before the command; LOCAL_RANK in the environment says the same.
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_config(commands)
     _add_demo(commands)
     _add_prepare(commands)
+    _add_train(commands)
+    _add_eval(commands)
     return parser
 
 
@@ -104,6 +108,61 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("train", help="train a model with DeepSpeed (plain process, torchrun or deepspeed launcher)")
+    p.add_argument("config", metavar="CONFIG.yaml")
+    p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. train.steps=100 data.path=DATA_DIR")
+    p.add_argument("--out", metavar="RUN_DIR", help="run folder (default runs/ARCH)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
+    p.add_argument("--reshard", action="store_true",
+                   help="with --resume at another world size: load only the weights (optimizer and data restart)")
+    p.add_argument("--stop-at", type=int, metavar="STEP",
+                   help="leave after STEP with a checkpoint (the schedule still spans train.steps; --resume goes on)")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from trainer.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from trainer.train import run
+
+    run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at)
+    return 0
+
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("eval", help="evaluate a run's latest checkpoint on valid/test (per-document memory) "
+                            "and print the JSON result")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--split", choices=["valid", "test"], default="valid")
+    p.add_argument("--tgt-len", type=int, metavar="N", help="target (segment) length (default: the run's)")
+    # Not an argparse mutually exclusive group: its usage + error is two lines; evaluate_run refuses both in one.
+    p.add_argument("--mem-len", type=int, metavar="M", help="memory length (default: the run's)")
+    p.add_argument("--mem-mult", type=float, metavar="m", help="memory length = m x target length")
+    p.add_argument("--clamp-len", type=int, metavar="C", help="clamp relative distances beyond C")
+    p.add_argument("--same-length", action="store_true", default=None, help="every query sees as many keys")
+    p.add_argument("--json", metavar="PATH", help="where to write the JSON (default RUN_DIR/eval/...)")
+    p.add_argument("--lanes", type=int, metavar="B", help="lanes per rank (default data.eval_batch_size)")
+    # The deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment says the same.
+    p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(run=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from trainer.evaluate import evaluate_run
+
+    result = evaluate_run(args.run_dir, split=args.split, tgt_len=args.tgt_len, mem_len=args.mem_len,
+                          mem_mult=args.mem_mult, clamp_len=args.clamp_len, same_length=args.same_length,
+                          lanes=args.lanes, json_path=args.json)
+    if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result: print it once
+        print(json.dumps(result))
+    return 0
+
+
 def _is_data_error(exc: BaseException) -> bool:
     # Looked up like ConfigError below: data_pipeline.format is loaded whenever a DataError can have been raised.
     fmt = sys.modules.get("data_pipeline.format")
@@ -115,3 +174,8 @@ def _is_config_error(exc: BaseException) -> bool:
     # been raised if that module is already loaded.
     config = sys.modules.get("models.config")
     return config is not None and isinstance(exc, config.ConfigError)
+
+
+def _is_resume_error(exc: BaseException) -> bool:
+    ckpt = sys.modules.get("trainer.checkpoint")
+    return ckpt is not None and isinstance(exc, ckpt.ResumeError)

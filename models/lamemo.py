@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .attention import attend, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone

@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .attention import attend, relative_encodings
 from .backbone import Backbone

@@ -1,0 +1,105 @@
+"""Checkpoints: resume continues the identical trajectory, a killed save leaves the previous checkpoint usable,
+multi-rank ZeRO stages agree, and a changed world size is refused. See test_train.py's docstring for what the
+DeepSpeed shm op build costs and how CI pays it. Single-process runs share the pytest process; multi-rank runs
+and the killed run are subprocesses (torchrun --standalone picks a free port per run).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from memlm.cli import main
+from train_support import (ARCHS, REPO, child_env, losses, make_data, metrics, overrides, preset, torchrun,
+                           train_in_process)
+
+os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")
+K = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("ckpt_data"))
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resume_is_bit_identical(arch, zero, data, tmp_path):
+    """K steps, resume to 2K, resume again to 3K == 3K uninterrupted steps, loss for loss (bit for bit)."""
+    common = dict(deepspeed__zero_stage=zero, train__save_every=K, train__keep_last=2, train__grad_accum=2)
+    common["train__steps"] = 3 * K
+    full = losses_of(train_in_process(arch, data, tmp_path / "full", **common))
+    split = tmp_path / "split"
+    train_in_process(arch, data, split, stop_at=K, **common)
+    train_in_process(arch, data, split, resume=True, stop_at=2 * K, **common)
+    train_in_process(arch, data, split, resume=True, **common)
+    assert losses(split) == full
+    kept = sorted(p.name for p in (split / "checkpoints").iterdir() if not p.name.endswith(".py"))  # ZeRO's scripts
+    assert kept == ["global_step6", "global_step9", "latest"]
+
+
+def losses_of(rows):
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def test_killed_during_save_leaves_previous_checkpoint(data, tmp_path):
+    """SIGKILL while checkpoint 2K is being written aside: `latest` still names K, and resuming reaches the
+    uninterrupted run's losses."""
+    common = overrides(data, train__steps=2 * K, train__save_every=K)
+    full = losses_of(train_in_process("txl", data, tmp_path / "full", train__steps=2 * K, train__save_every=K))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "memlm", "train", preset("txl"), *common, "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env({"MEMLM_TEST_SLEEP_IN_SAVE": f"{2 * K}:60"}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    aside = out / "checkpoints" / f".tmp-global_step{2 * K}" / "meta.json"
+    deadline = time.time() + 120
+    while not aside.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert aside.exists(), "the run never reached the hooked save"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (out / "checkpoints" / "latest").read_text().strip() == f"global_step{K}"
+    assert not (out / "checkpoints" / f"global_step{2 * K}").exists()
+    train_in_process("txl", data, out, resume=True, train__steps=2 * K, train__save_every=K)
+    assert losses(out) == full
+
+
+def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
+    """2 ranks: ZeRO 1/2/3 give ZeRO 0's losses (float tolerance); ZeRO 2 resume is exact; then a single process
+    resuming the 2-rank checkpoint is refused with exit 2 and a message naming both world sizes."""
+    runs = {}
+    for zero in (0, 1, 2, 3):
+        out = tmp_path / f"z{zero}"
+        torchrun("txl", data, out, deepspeed__zero_stage=zero, train__steps=2 * K, train__save_every=K)
+        runs[zero] = losses(out)
+    for zero in (1, 2, 3):
+        assert runs[zero].keys() == runs[0].keys()
+        for step, loss in runs[0].items():
+            assert runs[zero][step] == pytest.approx(loss, rel=1e-5, abs=1e-5), (zero, step)
+    split = tmp_path / "z2split"
+    torchrun("txl", data, split, stop_at=K, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K)
+    torchrun("txl", data, split, resume=True, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K)
+    assert losses(split) == runs[2]
+
+    proc = subprocess.run([sys.executable, "-m", "memlm", "train", preset("txl"),
+                           *overrides(data, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K), "--out", str(split),
+                           "--resume"], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "world_size was 2, now 1" in proc.stderr and "--reshard" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    # --reshard: a single process takes only the 2-rank run's consolidated weights (fresh optimizer and data).
+    fresh = train_in_process("txl", data, tmp_path / "fresh", deepspeed__zero_stage=2, train__steps=2)
+    before = len(metrics(split))
+    capsys.readouterr()
+    rc = main(["train", preset("txl"), *overrides(data, deepspeed__zero_stage=2, train__steps=2),
+               "--out", str(split), "--reshard"])
+    assert rc == 0 and "warning: --reshard loaded only the weights" in capsys.readouterr().err
+    resharded = metrics(split)[before]
+    assert resharded["step"] == 1  # the data and schedule start over; the weights are the trained ones
+    assert resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])

@@ -1,0 +1,70 @@
+"""Process-group setup for the three ways `memlm train` starts: plain python, torchrun, the deepspeed launcher.
+
+torchrun and the deepspeed launcher set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (the
+deepspeed launcher also passes --local_rank, which we do not need: LOCAL_RANK is in the environment). A plain
+process has none of them, and DeepSpeed then falls back to MPI discovery and fails on mpi4py (DESIGN §9), so we
+set the single-process values with a free loopback port. Without CUDA, DeepSpeed must use its CPU accelerator
+(DS_ACCELERATOR=cpu) and gloo; both are decided here, before deepspeed is imported anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+# Minutes a collective waits before DeepSpeed gives up; its default of 10 hides deadlocks too long in tests.
+DEFAULT_TIMEOUT_MIN = "10"
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "gloo" on CPU, "nccl" on GPUs
+    device: str  # "cpu" or "cuda:<local_rank>"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_env() -> DistInfo:
+    """Fill in the launcher variables for a plain process and choose accelerator and backend. Idempotent."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("DEEPSPEED_TIMEOUT", DEFAULT_TIMEOUT_MIN)
+    import torch  # after the environment: nothing above needs torch
+
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu":
+        backend, device = "nccl", f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    else:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        backend, device = "gloo", "cpu"
+    return DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
+                    backend, device)
+
+
+def init(info: DistInfo) -> None:
+    """Create the default process group through DeepSpeed (it reads DEEPSPEED_TIMEOUT)."""
+    import deepspeed
+
+    if info.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(info.local_rank)
+    deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,29 @@
+"""Rank 0's progress display: a tqdm bar on a terminal, plain log lines otherwise; other ranks stay quiet."""
+
+from __future__ import annotations
+
+import sys
+
+
+class Progress:
+    def __init__(self, rank: int, start: int, total: int):
+        self.rank, self.total = rank, total
+        self.bar = None
+        if rank == 0 and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, file=sys.stderr, unit="step", dynamic_ncols=True)
+
+    def update(self, row: dict) -> None:
+        if self.rank != 0:
+            return
+        if self.bar is not None:
+            self.bar.n = row["step"]
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=True)
+        else:
+            print(f"step {row['step']}/{self.total} loss {row['loss']:.4f} lr {row['lr']:.3g} "
+                  f"grad_norm {row['grad_norm']:.3g} tokens/s {row['tokens_per_s']:.0f}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

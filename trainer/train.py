@@ -1,0 +1,299 @@
+"""`memlm train`: one DeepSpeed engine (world size 1 included) over LaneStream batches with recurrent memory.
+
+Units. A step is one optimizer step = train.grad_accum micro-batches. A micro-batch is the next segment of this
+rank's data.batch_size lanes, or, for RMT with bptt_depth k, the next k+1 segments of the same lanes run in one
+graph (k+1 forwards, one backward), which keeps the trainer's windows aligned with RMT's transition counting.
+Loss of a micro-batch = summed NLL over non-ignored targets / their count (+ the model's aux loss);
+engine.backward once per micro-batch and engine.step after each (DeepSpeed steps the optimizer and the client
+LambdaLR only on the accumulation boundary).
+
+Memory. It lives per rank outside the engine and is carried from segment to segment and from micro-batch to
+micro-batch, so every lane reads one continuous stream across accumulation and step boundaries; a lane's memory
+is cleared by the model where batch.reset is true (a new document). Between micro-batches it is cut from the graph
+(RMT: memory.detached(), which also restarts its transition count; others: map_memory(detach)).
+
+Resume. A checkpoint holds the engine state plus, per rank, memory, stream cursor and RNG states, so a resumed
+run takes exactly the steps an uninterrupted run would (bit-identical in fp32 on CPU).
+
+ZeRO-3 works because the models read every parameter through a module call (see models/backbone.py
+LearnedTensors); ZeRO 0-3 with 2 ranks give the same losses (tests/test_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from . import checkpoint, distributed
+
+
+def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
+        stop_at: int | None = None) -> Path:
+    """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
+
+    stop_at: leave after that step with a checkpoint, as a preempted job would (the schedule still spans
+    train.steps, so `--resume` continues the same trajectory).
+    """
+    from data_pipeline.shards import check_vocab_size, load_manifest
+
+    manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
+    check_vocab_size(manifest, cfg.model.vocab_size)
+    run_dir = Path(out or Path("runs") / cfg.model.arch)
+    ckpt_dir = run_dir / "checkpoints"
+    info = distributed.setup_env()
+    meta = {"world_size": info.world_size, "arch": cfg.model.arch, "tokenizer": _tokenizer_id(manifest),
+            "seed": cfg.train.seed}
+    tag = checkpoint.latest_tag(ckpt_dir) if resume else None
+    if tag is not None and not reshard:  # refuse before the (slow) engine build
+        checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
+    if tag is None and resume and info.rank == 0:
+        print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
+    return Trainer(cfg, run_dir, info, meta, manifest).fit(tag, reshard, stop_at)
+
+
+def _tokenizer_id(manifest: dict) -> dict:
+    tok = manifest["tokenizer"]
+    return {k: tok.get(k) for k in ("kind", "vocab_size", "sha256")}
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict):
+        self.cfg, self.run_dir, self.info, self.meta, self.manifest = cfg, run_dir, info, meta, manifest
+        self.rank = info.rank
+        self.ckpt_dir = run_dir / "checkpoints"
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import deepspeed
+        import torch
+
+        from data_pipeline.stream import LaneStream
+        from models import build_model
+
+        from .config import dump_yaml
+        from .ds_config import deepspeed_config
+        from .schedule import make_scheduler
+
+        cfg = self.cfg
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        distributed.init(self.info)
+        # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
+        seed_everything(cfg.train.seed)
+        model = build_model(cfg.model)
+        seed_everything(cfg.train.seed + 1000 * self.rank)
+        self.ds_conf = deepspeed_config(cfg, self.info.world_size)
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "eval").mkdir(exist_ok=True)
+            dump_yaml(cfg, self.run_dir / "config.yaml")
+            (self.run_dir / "ds_config.json").write_text(json.dumps(self.ds_conf, indent=2) + "\n")
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
+        self.device = self.engine.device
+        self.stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len,
+                                             rank=self.rank, world_size=self.info.world_size)
+        self.memory = model.init_memory(cfg.data.batch_size, device=self.device)
+        self.step, self.tokens_seen = 0, 0
+        self.segments = cfg.model.bptt_depth + 1 if cfg.model.arch == "rmt" else 1
+
+    def _restore(self, tag: str, reshard: bool) -> None:
+        from models import map_memory
+
+        if reshard:
+            self._load_resharded(tag)
+            return
+        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag)
+        if path is None:
+            raise checkpoint.ResumeError(f"DeepSpeed could not load {self.ckpt_dir / tag}")
+        state = checkpoint.load_rank_state(self.ckpt_dir, tag, self.rank)
+        self.memory = map_memory(lambda t: t.to(self.device), state["memory"])
+        self.stream.load_state_dict(state["stream"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.tokens_seen = state["step"], state["tokens"]
+
+    def _load_resharded(self, tag: str) -> None:
+        # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=tag)
+        if self.cfg.deepspeed.zero_stage == 3:
+            from deepspeed import zero
+
+            params = list(self.engine.module.parameters())
+            with zero.GatheredParameters(params, modifier_rank=0):
+                if self.rank == 0:
+                    self.engine.module.load_state_dict(state, strict=False)
+        else:
+            self.engine.module.load_state_dict(state, strict=False)
+        if self.rank == 0:
+            # Printed, not warnings.warn: it must be seen every time, whatever the warning filters say.
+            print(f"memlm train: warning: --reshard loaded only the weights of {self.ckpt_dir / tag}; optimizer "
+                  "state, lr schedule and data position start over", file=sys.stderr)
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def _micro_batch(self) -> tuple[float, int, int]:
+        """Forward the next `segments` segments, backward once; returns (nll sum, scored targets, input tokens)."""
+        import torch
+
+        from models import map_memory
+
+        total, aux, count, inputs = None, 0.0, 0, 0
+        memory = self.memory
+        for _ in range(self.segments):
+            batch = next(self.stream)
+            targets = batch.targets.to(self.device)
+            out = self.engine(batch.tokens.to(self.device), memory, reset=batch.reset.to(self.device),
+                              targets=targets)
+            nll_sum = out.nll.float().sum()
+            total = nll_sum if total is None else total + nll_sum
+            count += int((targets != -100).sum())
+            inputs += batch.tokens.numel()
+            if out.aux_loss is not None:
+                aux = aux + out.aux_loss
+            memory = out.memory
+        loss = total / max(count, 1) + aux
+        self.engine.backward(loss)
+        if self.engine.is_gradient_accumulation_boundary() and self.cfg.deepspeed.zero_stage == 0:
+            # DeepSpeed records the grad norm only for ZeRO / mixed precision; at stage 0 the gradients are
+            # already averaged over ranks here, so their norm is the global one (before clipping, as ZeRO reports).
+            grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+            self.stage0_grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
+        self.engine.step()
+        self.memory = memory.detached() if hasattr(memory, "detached") else map_memory(lambda t: t.detach(), memory)
+        return float(total.detach()), count, inputs
+
+    def _train_step(self) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        lr = self.engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
+        nll, count, inputs = 0.0, 0, 0
+        for _ in range(self.cfg.train.grad_accum):
+            n, c, i = self._micro_batch()
+            nll, count, inputs = nll + n, count + c, inputs + i
+        # Loss over every rank's scored targets (one small all-reduce per step).
+        summed = torch.tensor([nll, count, inputs], dtype=torch.float64)
+        if self.info.world_size > 1:
+            dist.all_reduce(summed)
+        self.step += 1
+        self.tokens_seen += int(summed[1])
+        loss = float(summed[0] / max(summed[1], 1))
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None:
+            grad_norm = getattr(self, "stage0_grad_norm", None)
+        return {"loss": loss, "inputs": int(summed[2]), "lr": lr,
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
+
+    # -- loop --------------------------------------------------------------------------------------------------
+    def fit(self, tag: str | None, reshard: bool, stop_at: int | None = None) -> Path:
+        from .progress import Progress
+
+        self._build()
+        if tag is not None:
+            self._restore(tag, reshard)
+        tracker = self._tracker()
+        cfg = self.cfg.train
+        progress = Progress(self.rank, self.step, cfg.steps)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        status = "FAILED"
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        try:
+            window_start, window_inputs = time.perf_counter(), 0
+            while self.step < end:
+                result = self._train_step()
+                window_inputs += result["inputs"]
+                if self.step % cfg.log_every == 0 or self.step == end:
+                    elapsed = max(time.perf_counter() - window_start, 1e-9)
+                    row = {"step": self.step, "loss": result["loss"], "ppl": math.exp(min(result["loss"], 50.0)),
+                           "lr": result["lr"], "grad_norm": result["grad_norm"],
+                           "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen}
+                    if self.rank == 0:
+                        with metrics_path.open("a") as f:
+                            f.write(json.dumps(row) + "\n")
+                    tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step"})
+                    progress.update(row)
+                    window_start, window_inputs = time.perf_counter(), 0
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self._evaluate(tracker)
+                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end:
+                    self.save()
+            status = "FINISHED"
+        finally:
+            progress.close()
+            tracker.finish(status)
+        return self.run_dir
+
+    def save(self) -> str:
+        from models import map_memory
+
+        state = {"memory": map_memory(lambda t: t.detach().cpu(), self.memory), "stream": self.stream.state_dict(),
+                 "rng": checkpoint.rng_state(), "step": self.step, "tokens": self.tokens_seen,
+                 **self.meta}
+        return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, state, self.meta,
+                               self.cfg.train.keep_last)
+
+    def _tracker(self):
+        try:
+            from .tracking import Tracker
+        except ImportError:
+            return _NoTracker()
+        tracker = Tracker(self.cfg.tracking, self.run_dir, self.rank, self.cfg)
+        tracker.set_tags({"arch": self.cfg.model.arch})
+        if self.rank == 0:
+            for name in ("config.yaml", "ds_config.json"):
+                tracker.log_artifact(self.run_dir / name)
+        return tracker
+
+    def _evaluate(self, tracker) -> None:
+        try:
+            from .evaluate import evaluate
+        except ImportError:
+            if self.rank == 0:
+                warnings.warn("trainer.evaluate is not available: skipping validation", RuntimeWarning)
+            return
+        import torch
+
+        # Evaluation draws no random numbers we rely on, but keep the training RNG untouched regardless.
+        rng = checkpoint.rng_state()
+        self.engine.eval()
+        with torch.no_grad():
+            result = evaluate(self.engine.module, self.cfg.data.path, "valid", lanes=self.cfg.data.eval_lanes,
+                              seg_len=self.cfg.model.tgt_len, rank=self.rank, world_size=self.info.world_size,
+                              device=self.device, max_batches=self.cfg.train.eval_batches,
+                              continuous=self.cfg.data.continuous)
+        self.engine.train()
+        checkpoint.set_rng_state(rng)
+        if self.rank == 0:
+            (self.run_dir / "eval" / f"step{self.step}.json").write_text(json.dumps({**result, "step": self.step}) + "\n")
+        tracker.log_metrics(self.step, {f"valid_{k}": result[k] for k in ("nll", "ppl", "bpc") if k in result})
+
+
+class _NoTracker:
+    def log_metrics(self, step, metrics):
+        pass
+
+    def log_artifact(self, path):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def finish(self, status="FINISHED"):
+        pass
