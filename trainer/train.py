@@ -281,7 +281,9 @@ class Trainer:
         self.engine.train()
         checkpoint.set_rng_state(rng)
         if self.rank == 0:
-            (self.run_dir / "eval" / f"step{self.step}.json").write_text(json.dumps({**result, "step": self.step}) + "\n")
+            eval_json = self.run_dir / "eval" / f"step{self.step}.json"
+            eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
+            tracker.log_artifact(eval_json, "eval")
         tracker.log_metrics(self.step, {f"valid_{k}": result[k] for k in ("nll", "ppl", "bpc") if k in result})
 
 
