@@ -57,7 +57,11 @@ def _run_config(args: argparse.Namespace) -> int:
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("demo", help="train tiny memory LMs on a real corpus and print the results")
-    p.add_argument("--seconds", type=float, default=60.0, help="time budget in seconds (default 60)")
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="training seconds per architecture (default 60; three architectures)")
+    p.add_argument("--wikitext", metavar="PATH",
+                   help="a WikiText folder (wiki.{train,valid,test}.tokens) instead of the stdlib corpus "
+                        "(also $MEMLM_DEMO_WIKITEXT)")
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.set_defaults(run=_run_demo)
 
