@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except Exception as exc:  # noqa: BLE001 - only ConfigError is turned into a message; the rest re-raises
-        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc)):
+        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)):
             raise
         print(f"memlm: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prepare(commands)
     _add_train(commands)
     _add_eval(commands)
+    _add_extrapolate(commands)
+    _add_sweep(commands)
+    _add_compare(commands)
+    _add_ui(commands)
     return parser
 
 
@@ -165,6 +169,86 @@ def _run_eval(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result: print it once
         print(json.dumps(result))
     return 0
+
+
+# -- cluster commands (Ray and MLflow are imported inside cluster/, only when one of these runs) -----------------
+
+
+def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("extrapolate", help="evaluate runs with memory m x N for m in --mult, one Ray task per "
+                            "(run, m); JSON, MLflow and a ppl-against-m plot (LaMemo Figure 5)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--mult", default="1-10", metavar="A-B|m,m,...", help="memory multipliers m (default 1-10)")
+    p.add_argument("--tgt-len", type=int, default=64, metavar="N", help="target length N (default 64)")
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
+    p.add_argument("--out", metavar="DIR", help="results folder (default extrapolation/)")
+    p.add_argument("--experiment", default="memlm-extrapolate", help="MLflow experiment (default memlm-extrapolate)")
+    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
+    p.add_argument("--cpus-per-task", type=float, default=1.0, metavar="C", help="CPUs each evaluation asks for")
+    p.add_argument("--lanes", type=int, metavar="B", help="lanes per evaluation (default the run's eval lanes)")
+    p.add_argument("--max-retries", type=int, default=2, help="retries of a failed evaluation (default 2)")
+    p.set_defaults(run=_run_extrapolate)
+
+
+def _run_extrapolate(args: argparse.Namespace) -> int:
+    from cluster import extrapolate
+
+    return extrapolate.main(args)
+
+
+def _add_sweep(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("sweep", help="Ray Tune sweep of training runs over a YAML search space; MLflow parent "
+                            "run with one child run per trial")
+    p.add_argument("sweep", metavar="SWEEP.yaml")
+    p.add_argument("overrides", nargs="*", metavar="dotted.key=value",
+                   help="fixed overrides of the base run config for every trial, e.g. data.path=DATA_DIR")
+    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
+    p.add_argument("--num-samples", type=int, metavar="K", help="trials to sample (default: the sweep file's)")
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default sweeps/NAME); a rerun resumes it")
+    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
+    p.set_defaults(run=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from cluster import sweep
+
+    return sweep.main(args)
+
+
+def _add_compare(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("compare", help="an MLflow experiment's runs as a table (Markdown, CSV) like LaMemo's "
+                            "Table 1, with loss-curve plots; logged back to MLflow")
+    p.add_argument("--experiment", required=True, metavar="NAME")
+    p.add_argument("--out", metavar="DIR", help="output folder (default compare/NAME)")
+    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.set_defaults(run=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from cluster import compare
+
+    return compare.main(args)
+
+
+def _add_ui(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("ui", help="the MLflow UI over the default store, on 127.0.0.1")
+    p.add_argument("--uri", metavar="URI", help="backend store (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others are opt-in)")
+    p.add_argument("--port", type=int, default=5000)
+    p.set_defaults(run=_run_ui)
+
+
+def _run_ui(args: argparse.Namespace) -> int:
+    from cluster import ui
+
+    return ui.main(args)
+
+
+def _is_cluster_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("cluster.errors")
+    return errors is not None and isinstance(exc, errors.ClusterError)
 
 
 def _is_data_error(exc: BaseException) -> bool:

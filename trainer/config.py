@@ -110,7 +110,8 @@ class TrackingConfig:
     enabled: bool = True
     experiment: str = "memlm"
     uri: str = ""  # empty: $MLFLOW_TRACKING_URI, else a SQLite file mlflow.db in the working folder
-    run_name: str = ""  # empty: MLflow picks one
+    run_name: str = ""  # empty: the run folder's name
+    parent_run_id: str = ""  # an MLflow run to nest this one under (a sweep's parent run); empty: top level
 
     def validate(self) -> "TrackingConfig":
         if self.enabled and not self.experiment:

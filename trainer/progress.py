@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+import time
 
 
 class Progress:
     def __init__(self, rank: int, start: int, total: int):
         self.rank, self.total = rank, total
+        self.start_step, self.start_time = start, time.monotonic()
         self.bar = None
         if rank == 0 and sys.stderr.isatty():
             from tqdm import tqdm
@@ -22,7 +24,16 @@ class Progress:
             self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=True)
         else:
             print(f"step {row['step']}/{self.total} loss {row['loss']:.4f} lr {row['lr']:.3g} "
-                  f"grad_norm {row['grad_norm']:.3g} tokens/s {row['tokens_per_s']:.0f}", file=sys.stderr, flush=True)
+                  f"grad_norm {row['grad_norm']:.3g} tokens/s {row['tokens_per_s']:.0f} "
+                  f"eta {self.eta(row['step'])}", file=sys.stderr, flush=True)
+
+    def eta(self, step: int) -> str:
+        """Remaining time at the mean step time since this process started, as H:MM:SS."""
+        done = step - self.start_step
+        if done <= 0:
+            return "?"
+        left = (time.monotonic() - self.start_time) / done * max(self.total - step, 0)
+        return time.strftime("%H:%M:%S", time.gmtime(left)) if left < 86400 else f"{left / 3600:.0f}h"
 
     def close(self) -> None:
         if self.bar is not None:

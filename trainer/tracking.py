@@ -155,7 +155,9 @@ class Tracker:
                 run_id = ""
         if not run_id:
             experiment_id = ensure_experiment(cfg, client)
-            run_id = client.create_run(experiment_id, run_name=cfg.run_name or run_dir.name).info.run_id
+            # mlflow.parentRunId is how the MLflow UI nests a sweep's trials under the sweep run.
+            nest = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
+            run_id = client.create_run(experiment_id, run_name=cfg.run_name or run_dir.name, tags=nest).info.run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
         self.run_id, self._client = run_id, client

@@ -28,17 +28,20 @@ import random
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from . import checkpoint, distributed
 
 
 def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
-        stop_at: int | None = None) -> Path:
+        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None) -> Path:
     """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
 
     stop_at: leave after that step with a checkpoint, as a preempted job would (the schedule still spans
     train.steps, so `--resume` continues the same trajectory).
+    reporter: called on rank 0 with every metrics row (the metrics.jsonl line) and, after each validation pass,
+    with {"step", "valid_nll", "valid_ppl", "valid_bpc"}; a Ray Tune trial forwards them to tune.report.
     """
     from data_pipeline.shards import check_vocab_size, load_manifest
 
@@ -54,7 +57,7 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
         checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
     if tag is None and resume and info.rank == 0:
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
-    return Trainer(cfg, run_dir, info, meta, manifest).fit(tag, reshard, stop_at)
+    return Trainer(cfg, run_dir, info, meta, manifest, reporter).fit(tag, reshard, stop_at)
 
 
 def _tokenizer_id(manifest: dict) -> dict:
@@ -72,8 +75,10 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict):
+    def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict,
+                 reporter: Callable[[dict], None] | None = None):
         self.cfg, self.run_dir, self.info, self.meta, self.manifest = cfg, run_dir, info, meta, manifest
+        self.reporter = reporter if info.rank == 0 else None
         self.rank = info.rank
         self.ckpt_dir = run_dir / "checkpoints"
 
@@ -223,12 +228,15 @@ class Trainer:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": self.step, "loss": result["loss"], "ppl": math.exp(min(result["loss"], 50.0)),
                            "lr": result["lr"], "grad_norm": result["grad_norm"],
-                           "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen}
+                           "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen,
+                           "peak_mem_mb": peak_memory_mb(self.device)}
                     if self.rank == 0:
                         with metrics_path.open("a") as f:
                             f.write(json.dumps(row) + "\n")
                     tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step"})
                     progress.update(row)
+                    if self.reporter is not None:
+                        self.reporter(row)
                     window_start, window_inputs = time.perf_counter(), 0
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
                     self._evaluate(tracker)
@@ -284,7 +292,21 @@ class Trainer:
             eval_json = self.run_dir / "eval" / f"step{self.step}.json"
             eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
             tracker.log_artifact(eval_json, "eval")
-        tracker.log_metrics(self.step, {f"valid_{k}": result[k] for k in ("nll", "ppl", "bpc") if k in result})
+        valid = {f"valid_{k}": result[k] for k in ("nll", "ppl", "bpc") if k in result}
+        tracker.log_metrics(self.step, valid)
+        if self.reporter is not None:
+            self.reporter({"step": self.step, **valid})
+
+
+def peak_memory_mb(device) -> float:
+    """This rank's peak memory so far in MiB: allocated GPU memory on CUDA, else the process's peak RSS."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class _NoTracker:

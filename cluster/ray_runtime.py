@@ -1,0 +1,81 @@
+"""Starting or joining Ray the way memlm needs it: loopback by default, no telemetry, the same code on the workers.
+
+    from cluster.ray_runtime import ray_session
+    with ray_session(address=None, num_cpus=2):   # local Ray on 127.0.0.1; address="auto" / "ray://..." joins one
+        ...                                        # ray.remote tasks, tune.Tuner, ...
+
+Only `cluster` imports ray (DESIGN §1), and only inside functions, so `memlm --help` and training never need it.
+
+Why each setting (DESIGN §9): Ray probes the cloud-metadata address and discovers its node IP with a UDP connect
+to a public address unless it is told the node IP; a local cluster therefore binds to 127.0.0.1 with the
+dashboard off. Usage stats and MLflow telemetry are switched off for the driver and, through the runtime
+environment, for every worker. Ray 2.60 turns token authentication on by default, which a single-user local
+cluster does not need; an existing cluster keeps whatever its operator chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from .errors import ClusterError
+
+LOCAL_HOST = "127.0.0.1"
+
+# Set for the driver and passed to every worker (setdefault: a user's own choice wins).
+QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+}
+
+
+def worker_env() -> dict[str, str]:
+    """Environment variables every Ray worker gets: telemetry off, and the driver's MLflow/DeepSpeed settings."""
+    env = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
+    for key in ("MLFLOW_TRACKING_URI", "DEEPSPEED_TIMEOUT", "TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS",
+                "DS_ACCELERATOR", "PYTHONPATH"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+    """Connect to Ray; returns True when this call started it (so the caller shuts it down).
+
+    address None: a new local Ray on 127.0.0.1 (dashboard off). "auto" or "HOST:PORT" or "ray://HOST:PORT":
+    join an existing cluster (remote addresses are the user's explicit choice).
+    """
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": worker_env()}
+    if address:
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        except ConnectionError as exc:
+            raise ClusterError(f"cannot reach a Ray cluster at {address!r} ({exc}); start one with `ray start "
+                               "--head` there, or leave --address out for a local Ray") from None
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOCAL_HOST,
+             runtime_env=runtime_env, log_to_driver=True, configure_logging=True, logging_level="WARNING")
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None,
+                num_gpus: int | None = None) -> Iterator[None]:
+    """Ray for the duration of the block; shut down afterwards only if this block started it."""
+    import ray
+
+    started = start(address, num_cpus, num_gpus)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
