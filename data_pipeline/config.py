@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class DataConfig:
     path: str = ""  # a prepared DATA_DIR (manifest.json, tokenizer, shards), as written by `memlm prepare`
     batch_size: int = 4  # lanes per rank: the global batch is batch_size x ranks x grad_accum
-    num_workers: int = 0  # DataLoader workers per rank; 0 reads in the training process
+    num_workers: int = 0  # DataLoader workers per rank for LaneStream consumers; memlm train/eval need 0
     shuffle: bool = True  # reshuffle the training documents every epoch (from `seed`)
     continuous: bool = False  # the papers' mode: a split is one concatenated stream cut into B lanes
     seed: int = 1234  # shuffle seed; the stream cursor records it so a resumed run reads the same batches

@@ -246,6 +246,12 @@ def validate_config(cfg: RunConfig) -> RunConfig:
 
 
 def _check_across_sections(cfg: RunConfig) -> None:
+    if cfg.data.num_workers > 0:
+        # The stream supports loader workers for other consumers, but a training lane's memory must follow its
+        # own batches, and in-process reading (~40M tokens/s, bench/results/stream_cpu.json) is already
+        # thousands of times any model's training rate: workers would only add inter-process copies.
+        raise ConfigError(f"data.num_workers={cfg.data.num_workers}: memlm train and eval read the shards in the "
+                          "training process (the data loader is never the bottleneck); set data.num_workers: 0")
     ev = cfg.eval
     if ev.mem_len >= 0 and ev.mem_mult > 0:
         raise ConfigError(

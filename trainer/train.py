@@ -50,6 +50,12 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
+    if cfg.deepspeed.precision == "fp16" and info.device == "cpu":
+        from models.config import ConfigError
+
+        # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
+        raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
+                          "use deepspeed.precision=bf16 or fp32 on this machine")
     meta = {"world_size": info.world_size, "arch": cfg.model.arch, "tokenizer": _tokenizer_id(manifest),
             "seed": cfg.train.seed}
     tag = checkpoint.latest_tag(ckpt_dir) if resume else None
