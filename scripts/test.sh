@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true RAY_USAGE_STATS_ENABLED=0
-exec bash scripts/offline.sh .venv/bin/python -m pytest -n 2 -q "$@"
+exec bash scripts/offline.sh .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"

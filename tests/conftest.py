@@ -19,3 +19,21 @@ def _deterministic_torch():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray (127.0.0.1, 2 CPUs) for every Ray test of this pytest process.
+
+    Ray tests carry @pytest.mark.xdist_group("ray") and scripts/test.sh runs pytest with --dist loadgroup, so they
+    all land on one xdist worker and pay Ray's 5-13 s start once. Commands under test that start Ray themselves
+    find it running and leave it running.
+    """
+    import ray
+
+    from cluster.ray_runtime import start
+
+    started = start(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
