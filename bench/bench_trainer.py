@@ -11,7 +11,8 @@ bench_models.py's configuration (4 layers, d_model 256, 4 x 64 heads, d_inner 10
    over the same model and the same batches (read beforehand, so the loop does no I/O): forward with carried
    memory, mean NLL, backward, clip, torch Adam step. Blocks of each alternate `--repeats` times so drifts of a
    shared machine hit both; per-step times after `--warmup` steps, medians. The trainer's step time comes from
-   its own metrics rows (tokens_per_s with log_every 1, which includes writing the row). Overhead =
+   its own metrics rows (tokens_per_s of each --log-every window, which includes writing the row and the
+   logged step's gradient norm). Overhead =
    trainer step / bare step - 1 (target < 10%).
 2. Scaling. Global tokens/s of 1 rank (B 8, all cores) against 2 ranks under torchrun at ZeRO-2 (B 4 each, one
    thread each, the same global batch), from the runs' metrics.jsonl. On a 2-core machine this measures what
@@ -47,7 +48,7 @@ def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
         "model.mem_len": 64 if arch != "transformer" else 0, "model.dropout": 0.0, "model.dropatt": 0.0,
         "data.path": str(data), "data.batch_size": args.batch, "train.steps": steps, "train.warmup_steps": 0,
         "train.lr": 2.5e-4, "train.save_every": 0, "train.keep_last": 1, "train.eval_every": 0,
-        "train.log_every": 1, "tracking.enabled": False, "deepspeed.zero_stage": 0, "deepspeed.precision": "fp32",
+        "train.log_every": args.log_every, "tracking.enabled": False, "deepspeed.zero_stage": 0, "deepspeed.precision": "fp32",
     }
     base.update(extra)
     return base
@@ -73,7 +74,7 @@ def trainer_step_times(args, data: Path, arch: str, work: Path, block: int) -> l
     run(cfg, out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     tokens_per_step = args.batch * 64
-    times = [tokens_per_step / r["tokens_per_s"] for r in rows[args.warmup:]]
+    times = [tokens_per_step / r["tokens_per_s"] for r in rows[args.warmup // args.log_every:]]
     shutil.rmtree(out)
     return times
 
@@ -166,7 +167,7 @@ def launched_tokens_per_s(args, data: Path, work: Path, nproc: int, arch: str) -
         raise RuntimeError(f"{nproc}-rank run failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out)
-    return statistics.median(r["tokens_per_s"] for r in rows[args.warmup:])
+    return statistics.median(r["tokens_per_s"] for r in rows[args.warmup // args.log_every:])
 
 
 def scaling(args, data: Path, work: Path) -> dict:
@@ -188,7 +189,8 @@ def main() -> None:
     parser.add_argument("--archs", nargs="+", default=["txl", "lamemo"])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per block")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps (a multiple of --log-every)")
+    parser.add_argument("--log-every", type=int, default=5, help="trainer metrics rows (each times its window)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating blocks (overhead) / runs (scaling)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--skip-scaling", action="store_true")

@@ -117,11 +117,18 @@ class Trainer:
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
+        if self.info.world_size == 1 and cfg.deepspeed.zero_stage == 0:
+            # One rank has nothing to average, yet DeepSpeed would still flatten every gradient into buckets,
+            # all-reduce them over gloo and copy them back (~5% of a CPU step, bench/bench_trainer.py). DeepSpeed
+            # takes this same path itself when it has no process group. ZeRO >= 1 partitions through the
+            # reduction, so it keeps it.
+            self.engine.enable_backward_allreduce = False
         self.device = self.engine.device
         self.stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len,
                                              rank=self.rank, world_size=self.info.world_size)
         self.memory = model.init_memory(cfg.data.batch_size, device=self.device)
         self.step, self.tokens_seen = 0, 0
+        self.norm_wanted = True
         self.segments = cfg.model.bptt_depth + 1 if cfg.model.arch == "rmt" else 1
 
     def _restore(self, tag: str, reshard: bool) -> None:
@@ -181,9 +188,11 @@ class Trainer:
             memory = out.memory
         loss = total / max(count, 1) + aux
         self.engine.backward(loss)
-        if self.engine.is_gradient_accumulation_boundary() and self.cfg.deepspeed.zero_stage == 0:
+        if (self.engine.is_gradient_accumulation_boundary() and self.cfg.deepspeed.zero_stage == 0
+                and self.norm_wanted):
             # DeepSpeed records the grad norm only for ZeRO / mixed precision; at stage 0 the gradients are
             # already averaged over ranks here, so their norm is the global one (before clipping, as ZeRO reports).
+            # A full pass over the gradients: only on steps whose metrics row is written.
             grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
             self.stage0_grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
         self.engine.step()
@@ -228,6 +237,7 @@ class Trainer:
         try:
             window_start, window_inputs = time.perf_counter(), 0
             while self.step < end:
+                self.norm_wanted = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == end
                 result = self._train_step()
                 window_inputs += result["inputs"]
                 if self.step % cfg.log_every == 0 or self.step == end:
