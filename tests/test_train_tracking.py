@@ -84,3 +84,25 @@ def test_dead_tracking_server_never_stops_training(data, tmp_path, caplog):
     warned = [r for r in caplog.records if r.name == "trainer.tracking" and r.levelno == logging.WARNING]
     assert len(warned) == 1 and "tracking is off" in warned[0].getMessage(), [r.getMessage() for r in warned]
     assert (out / "checkpoints" / "latest").read_text().strip() == f"global_step{STEPS}"
+
+
+def test_eval_from_another_folder_logs_to_the_runs_own_store(data, tmp_path, monkeypatch):
+    """A run tracked in the default ./mlflow.db of folder A, evaluated from folder B: the test metrics land on the
+    run in A's store (the run folder records its store), and B gets no store of its own."""
+    from mlflow import MlflowClient
+
+    from memlm.cli import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    out = tmp_path / "run"
+    train_in_process("txl", data, out, tracking__enabled="true", tracking__experiment="default-store",
+                     train__steps=2, train__save_every=0)
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["eval", str(out), "--split", "test", "--json", str(tmp_path / "test.json")]) == 0
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}")
+    run = client.get_run((out / "mlflow_run_id").read_text().strip())
+    assert {"test_nll", "test_ppl", "test_bpc"} <= set(run.data.metrics)
+    assert not (tmp_path / "b" / "mlflow.db").exists()

@@ -103,10 +103,12 @@ def summarize(split: str, nll_total: float, tokens: int, documents: int, tgt_len
 def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int | None = None,
                  mem_len: int | None = None, mem_mult: float | None = None, clamp_len: int | None = None,
                  same_length: bool | None = None, lanes: int | None = None, json_path: str | os.PathLike | None = None,
-                 tag: str | None = None, data_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+                 tag: str | None = None, data_dir: str | os.PathLike | None = None,
+                 track: bool = True) -> dict[str, Any]:
     """Evaluate RUN_DIR's checkpoint (`tag`, default the `latest` one) and write the JSON (rank 0).
 
-    Every argument left None keeps the run's own setting. Runs collectively under torchrun / the deepspeed
+    Every argument left None keeps the run's own setting. track: also log the result to the training run's MLflow
+    run (off for callers that log themselves, such as `memlm extrapolate`'s parallel tasks). Runs collectively under torchrun / the deepspeed
     launcher (a process group is created here when none exists and RANK/WORLD_SIZE are set).
     User mistakes raise ConfigError / DataError with a one-line message, before any process group exists.
     """
@@ -139,6 +141,10 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         path = Path(json_path) if json_path else (
             run_dir / "eval" / f"{split}-step{result['step']}-tgt{result['tgt_len']}-mem{result['mem_len']}.json")
         write_json(result, path)
+        from trainer.tracking import log_eval_result  # mlflow itself is imported only if the run is tracked
+
+        if track:
+            log_eval_result(cfg, run_dir, result, path)
     return result
 
 

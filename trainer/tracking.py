@@ -26,6 +26,7 @@ from .config import RunConfig, TrackingConfig, flatten
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
+URI_FILE = "mlflow_tracking_uri"  # ... and the store that run lives in (`memlm eval` logs there from any folder)
 FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, DESIGN §9)
 FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
 MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
@@ -160,6 +161,7 @@ class Tracker:
             run_id = client.create_run(experiment_id, run_name=cfg.run_name or run_dir.name, tags=nest).info.run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
+            (run_dir / URI_FILE).write_text(self.uri + "\n")
         self.run_id, self._client = run_id, client
 
         params = {key: _param_value(value) for key, value in flatten(config).items()}
@@ -250,3 +252,54 @@ def _redact(uri: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def log_eval_result(config: RunConfig, run_dir: Path, result: dict[str, Any], json_path: Path) -> bool:
+    """`memlm eval`: add an evaluation to the training run's MLflow run (rank 0 calls it; True when logged).
+
+    Metrics `{split}_nll`, `{split}_ppl`, `{split}_bpc` at the checkpoint's step, so `memlm compare` finds dev and
+    test perplexity on the run itself; the JSON goes under the artifact folder `eval/`. An evaluation at other
+    lengths than the run was trained with (longer memory, another target length) gets its own metric names, e.g.
+    `test_ppl_tgt64_mem256`: it is a different measurement and must not replace the run's own number.
+    Like Tracker, a failing MLflow call warns once and the evaluation result stands.
+    """
+    id_file = Path(run_dir) / RUN_ID_FILE
+    if not config.tracking.enabled or not id_file.is_file():
+        return False
+    run_id = id_file.read_text().strip()
+    for key, value in _ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    uri_file = Path(run_dir) / URI_FILE
+    # The store the run was created in, wherever `memlm eval` runs from now; older run folders lack the file.
+    uri = uri_file.read_text().strip() if uri_file.is_file() else config.tracking.resolved_uri()
+    suffix = _eval_suffix(config, result)
+    step = int(result.get("step") or 0)
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric
+
+        client = MlflowClient(tracking_uri=uri)
+        client.get_run(run_id)  # a run id from another store (say, a relative ./mlflow.db elsewhere) fails here
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"{result['split']}_{key}{suffix}", float(result[key]), now, step)
+                   for key in ("nll", "ppl", "bpc") if key in result]
+        client.log_batch(run_id, metrics=metrics, synchronous=True)
+        client.log_artifact(run_id, str(json_path), "eval")
+    except Exception as exc:  # noqa: BLE001 - the evaluation itself succeeded; tracking must not undo that
+        log.warning("MLflow tracking at %s failed (%s: %s); evaluation of %s not logged to run %s (the JSON is at %s)",
+                    _redact(uri), type(exc).__name__, _first_line(exc), run_dir, run_id, json_path)
+        return False
+    return True
+
+
+def _eval_suffix(config: RunConfig, result: dict[str, Any]) -> str:
+    """"" when evaluated as trained; else the settings that differ, e.g. "_tgt64_mem256" or "_clamp100_same"."""
+    model, ev = config.model, config.eval
+    suffix = ""
+    if (result.get("tgt_len"), result.get("mem_len")) != (model.tgt_len, model.mem_len):
+        suffix += f"_tgt{result.get('tgt_len')}_mem{result.get('mem_len')}"
+    if ev.clamp_len is not None and ev.clamp_len != model.clamp_len:
+        suffix += f"_clamp{ev.clamp_len}"
+    if ev.same_length is not None and ev.same_length != model.same_length:
+        suffix += "_same" if ev.same_length else "_notsame"
+    return suffix
