@@ -30,7 +30,7 @@ def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
         assert all(math.isfinite(v) for v in values), (arch, values)
         params, steps, loss, nll, bpc, rate = values
         assert params > 0 and steps >= demo.MIN_STEPS and 0 < nll < 10 and rate > 0
-    assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in out
+    assert "memlm ui   (http://127.0.0.1:5000)" in out and "memlm compare --experiment memlm-demo" in out
 
     from mlflow import MlflowClient
 

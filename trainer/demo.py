@@ -243,7 +243,10 @@ def main(args) -> int:
           f"table: {out / 'results.json'}")
     print(f"MLflow: experiment '{DEMO_EXPERIMENT}' in {uri}")
     if uri.startswith("sqlite:///"):
-        print(f"  browse it: mlflow ui --backend-store-uri {_relative_sqlite(uri)}")
+        store = _relative_sqlite(uri)
+        flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default
+        print(f"  browse it: memlm ui{flag}   (http://127.0.0.1:5000)")
+        print(f"  compare:   memlm compare --experiment {DEMO_EXPERIMENT}{flag}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 
