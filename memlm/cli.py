@@ -187,6 +187,8 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
     p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
     p.add_argument("--cpus-per-task", type=float, default=1.0, metavar="C", help="CPUs each evaluation asks for")
+    p.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G",
+                   help="GPUs each evaluation asks for (default 0: CPU; Ray hands each task its own GPU)")
     p.add_argument("--lanes", type=int, metavar="B", help="lanes per evaluation (default the run's eval lanes)")
     p.add_argument("--max-retries", type=int, default=2, help="retries of a failed evaluation (default 2)")
     p.set_defaults(run=_run_extrapolate)

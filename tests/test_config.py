@@ -27,7 +27,7 @@ from trainer.config_schema import build
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-PRESETS = sorted(CONFIGS.glob("*.yaml"))
+PRESETS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("sweep_"))  # sweep files: test_sweep.py
 TINY = CONFIGS / "tiny_txl.yaml"
 
 

@@ -1,0 +1,188 @@
+"""`memlm extrapolate RUN_DIR [RUN_DIR ...] --mult 1-10 --tgt-len 64`: the LaMemo paper's Figure 5.
+
+For every run folder and every m, one Ray task evaluates the split with target length N and memory m x N
+(trainer.evaluate.evaluate_run, one process, no process group). Results go to OUT/<run>/<split>-tgt<N>-m<m>.json
+as they arrive, then to OUT/summary.json, OUT/extrapolation.csv, the plot OUT/extrapolation.png and MLflow (one
+run per RUN_DIR, metric extrapolate_ppl at step m). A rerun reuses every result of the same checkpoint already in
+OUT, so after a crash only the missing (run, m) are evaluated.
+
+Order of work, and why:
+1. flags, multipliers and every RUN_DIR are checked (config, checkpoint, corpus): a mistake costs one line, not a
+   Ray start and a wall of failing tasks;
+2. the MLflow experiment is created in the driver, before anything runs in parallel (DESIGN §9);
+3. Ray: one task per (run, m), `num_cpus=--cpus-per-task`, so Ray runs as many at once as the cluster has CPUs;
+   a task whose worker dies (killed, out of memory) or that raises a transient error is retried --max-retries
+   times; a user error (ConfigError/DataError, both ValueError) is not retried: it would fail the same way again;
+4. a task that still fails is reported by (run, m) and reason; the other results are kept and written, and the
+   command exits 1.
+Only this package imports ray, and only inside functions (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import ClusterError
+from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs
+
+DEFAULT_OUT = "extrapolation"
+# Errors worth another attempt: I/O hiccups on a shared filesystem, a runtime failure of torch (allocation on a
+# crowded node). Worker deaths are retried by Ray regardless (max_retries). ValueError (ConfigError, DataError)
+# is deterministic and is not in the list.
+RETRY_EXCEPTIONS = [OSError, RuntimeError, MemoryError]
+
+
+def main(args: argparse.Namespace) -> int:
+    _check_flags(args)
+    mults = parse_mult(args.mult)
+    runs = check_runs(args.run_dirs, args.split, args.tgt_len, mults)
+    out = Path(args.out or DEFAULT_OUT).resolve()
+    jobs, results = plan_jobs(runs, mults, args.tgt_len, args.split, out)
+
+    from .extrapolate_mlflow import open_experiment
+
+    client, experiment_id, uri = open_experiment(args.experiment, args.uri)
+    total = len(runs) * len(mults)
+    print(f"extrapolate: {len(runs)} run(s) x m in {_mult_text(mults)} (N = {args.tgt_len}, {args.split} split): "
+          f"{len(jobs)} evaluation(s) to run", flush=True)
+    if results:
+        print(f"extrapolate: reusing {len(results)} of {total} result(s) already in {out} (same checkpoint step); "
+              "delete them to evaluate again", flush=True)
+
+    seconds: dict[tuple[str, int], float] = {}
+    failures: list[str] = []
+    if jobs:
+        fresh, seconds, failures = run_on_ray(jobs, args)
+        results.update(fresh)
+    return finish(args, runs, mults, out, results, seconds, failures, client, experiment_id, uri)
+
+
+def run_on_ray(jobs: list[Job], args: argparse.Namespace
+               ) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], float], list[str]]:
+    """Submit every job, collect as they finish. Returns (results, seconds, failure lines), keyed (run name, m)."""
+    import ray
+
+    from .extrapolate_task import evaluate_task
+    from .ray_runtime import ray_session
+
+    results: dict[tuple[str, int], dict] = {}
+    seconds: dict[tuple[str, int], float] = {}
+    failures: list[str] = []
+    with ray_session(args.address, args.num_cpus):
+        cpus = ray.cluster_resources().get("CPU", 0.0)
+        if cpus < args.cpus_per_task:
+            # Ray would queue such a task forever (infeasible); say so instead of hanging.
+            raise ClusterError(f"--cpus-per-task {args.cpus_per_task:g} exceeds the {cpus:g} CPUs of the Ray "
+                               "cluster; lower it or give Ray more CPUs (--num-cpus)")
+        task = ray.remote(evaluate_task)
+        if args.gpus_per_task > ray.cluster_resources().get("GPU", 0.0):
+            raise ClusterError(f"--gpus-per-task {args.gpus_per_task:g} exceeds the "
+                               f"{ray.cluster_resources().get('GPU', 0.0):g} GPUs of the Ray cluster")
+        # Ray sets CUDA_VISIBLE_DEVICES per task (empty without GPUs), so evaluation picks CUDA exactly when the
+        # task was given a GPU.
+        options = {"num_cpus": args.cpus_per_task, "num_gpus": args.gpus_per_task, "max_retries": args.max_retries,
+                   "retry_exceptions": RETRY_EXCEPTIONS}
+        pending = {}
+        for job in jobs:
+            ref = task.options(**options, name=f"extrapolate:{job.run.name}:m{job.m}").remote(
+                str(job.run.run_dir), args.split, args.tgt_len, job.mem_len, args.lanes, str(job.json_path),
+                args.cpus_per_task)
+            pending[ref] = job
+        start = time.perf_counter()
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    job = pending.pop(ref)
+                    key = (job.run.name, job.m)
+                    try:
+                        reply = ray.get(ref)
+                    except Exception as exc:  # noqa: BLE001 - any task failure is reported, the rest goes on
+                        failures.append(f"{job.run.name} at m={job.m} (memory {job.mem_len}) failed "
+                                        f"(retries allowed: {args.max_retries}): {_reason(exc)}")
+                        print(f"extrapolate: FAILED {failures[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    results[key] = _keep(job, reply["result"])
+                    seconds[key] = reply["seconds"]
+                    done = len(results) + len(failures)
+                    print(f"[{done}/{len(jobs)} {time.perf_counter() - start:6.1f} s] {job.run.name} m={job.m} "
+                          f"(memory {job.mem_len}): {args.split} ppl {results[key]['ppl']:.4g} "
+                          f"in {reply['seconds']:.1f} s", flush=True)
+        except BaseException:
+            # Ctrl-C (or a driver error): do not leave tasks running on a cluster we do not own.
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+    return results, seconds, failures
+
+
+def finish(args, runs, mults, out: Path, results, seconds, failures, client, experiment_id: str, uri: str) -> int:
+    """Summary, CSV, plot, MLflow, the table; exit status 1 when some (run, m) failed."""
+    from .extrapolate_mlflow import log_run
+    from .extrapolate_outputs import build_summary, table, write_outputs
+
+    summary = build_summary(runs, mults, args.split, args.tgt_len, results, seconds)
+    paths = write_outputs(out, summary)
+    try:
+        for run in runs:
+            log_run(client, experiment_id, run, summary["runs"][run.name], args.split, args.tgt_len,
+                    [paths["plot"], paths["summary"], paths["csv"]])
+    except Exception as exc:  # noqa: BLE001 - the store went away mid-command: the results on disk still stand
+        print(table(summary))
+        raise ClusterError(f"results are in {out}, but logging them to MLflow at {uri} failed ({_reason(exc)}); "
+                           "rerun the same command to log them (finished results are reused)") from None
+    print(table(summary))
+    print(f"extrapolate: results in {out} (summary.json, extrapolation.csv, extrapolation.png); MLflow experiment "
+          f"{args.experiment!r} at {uri}")
+    if failures:
+        for line in failures:
+            print(f"memlm: error: extrapolation of {line}", file=sys.stderr)
+        print(f"memlm: error: {len(failures)} evaluation(s) failed; the other results are kept and a rerun "
+              "evaluates only the missing ones", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _keep(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+    """The task wrote job.json_path itself; on a cluster whose workers do not share this filesystem it landed on
+    the worker's disk instead, so the driver writes it whenever its copy here is missing or different."""
+    from trainer.evaluate import write_json
+
+    from .extrapolate_plan import read_result
+
+    if read_result(job.json_path) != result:
+        write_json(result, job.json_path)
+    return result
+
+
+def _reason(exc: BaseException) -> str:
+    """The original error of a failed Ray task in one line (RayTaskError carries it as .cause)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+
+
+def _mult_text(mults: list[int]) -> str:
+    contiguous = mults == list(range(mults[0], mults[-1] + 1))
+    return f"{mults[0]}..{mults[-1]}" if contiguous and len(mults) > 2 else ",".join(map(str, mults))
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if args.cpus_per_task <= 0:
+        raise ClusterError(f"--cpus-per-task must be > 0, got {args.cpus_per_task:g}")
+    if args.gpus_per_task < 0:
+        raise ClusterError(f"--gpus-per-task must be >= 0, got {args.gpus_per_task:g}")
+    if args.max_retries < 0:
+        raise ClusterError(f"--max-retries must be >= 0, got {args.max_retries}")
+    if args.lanes is not None and args.lanes < 1:
+        raise ClusterError(f"--lanes must be >= 1, got {args.lanes}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise ClusterError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    if args.address and args.num_cpus is not None:
+        raise ClusterError("--num-cpus sizes a local Ray; an existing cluster (--address) has its own CPUs: "
+                           "give one of the two")

@@ -1,0 +1,51 @@
+"""The work of one extrapolation Ray task: evaluate one run folder at one memory length, in the worker process.
+
+Kept in its own module, importing nothing heavy at the top, so Ray pickles `evaluate_task` by reference
+(cluster.extrapolate_task.evaluate_task) and a worker imports torch/trainer only when it runs a task.
+The function itself knows nothing of Ray: it is equally callable in-process (the benchmark's sequential path).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from typing import Any
+
+# Launcher variables that would make evaluate_run create (or join) a process group. A Ray worker is forked from a
+# raylet that inherited the driver's environment, and a driver that trained in-process (tests, notebooks) has
+# RANK=0 / WORLD_SIZE=1 / MASTER_PORT=... set; a stale WORLD_SIZE>1 would make it wait for ranks that never come.
+# An extrapolation task is one process by design: drop them all.
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: int | None, json_path: str | None,
+                  threads: float) -> dict[str, Any]:
+    """evaluate_run(run_dir, split, tgt_len, mem_len) as a single process with `threads` torch threads.
+
+    Returns {"result": the §8 eval object, "seconds": evaluation wall time, "host": ..., "pid": ...}.
+    """
+    for key in LAUNCH_VARS:
+        os.environ.pop(key, None)
+    import torch
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # A reused worker that once joined a multi-process group would turn this into a collective nobody else
+        # calls (a hang until the timeout); refuse loudly instead.
+        raise RuntimeError("this Ray worker holds a process group of world size "
+                           f"{dist.get_world_size()}; an extrapolation task must run alone")
+    # Ray reserves CPUs per task but does not pin threads; torch would otherwise start one thread per core of the
+    # node, and two tasks on a 2-core node would fight over 4 threads.
+    torch.set_num_threads(max(1, math.ceil(threads)))
+    from trainer.evaluate import evaluate_run
+
+    start = time.perf_counter()
+    # track=False: the driver logs every result to MLflow in one batch per run; parallel tasks writing to the
+    # training runs' (often SQLite) store would only contend for its lock.
+    result = evaluate_run(run_dir, split=split, tgt_len=tgt_len, mem_len=mem_len, lanes=lanes, json_path=json_path,
+                          track=False)
+    return {"result": result, "seconds": time.perf_counter() - start, "host": socket.gethostname(),
+            "pid": os.getpid()}

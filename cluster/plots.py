@@ -1,0 +1,61 @@
+"""Plots of the cluster commands, drawn headless.
+
+We build a matplotlib Figure with the Agg canvas directly instead of going through pyplot: pyplot keeps global
+state and picks a GUI backend from the environment, which a Ray driver on a server or a test process must not
+depend on, and figures made this way are freed with the object (no plt.close bookkeeping).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def plot_ppl_against_m(lines: Mapping[str, Sequence[tuple[int, float]]], path: str | os.PathLike, *, tgt_len: int,
+                       split: str) -> Path:
+    """The LaMemo paper's Figure 5: perplexity against the memory multiplier m (memory m x N), one line per run.
+
+    lines: label -> [(m, ppl), ...]. A run with a missing m (a failed task) is drawn with a gap there, not
+    bridged, so a failure is visible in the plot as well as in the output.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 4.0), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    all_m: set[int] = set()
+    for label, points in lines.items():
+        points = sorted(points)
+        all_m.update(m for m, _ in points)
+        xs, ys = _with_gaps(points)
+        ax.plot(xs, ys, marker="o", markersize=4, label=label)
+    ax.set_xlabel(f"memory multiplier m (memory length = m x {tgt_len})")
+    ax.set_ylabel(f"{split} perplexity")
+    ax.set_title(f"Memory extrapolation, target length N = {tgt_len}")
+    if all_m:
+        ax.set_xticks(sorted(all_m))
+    ax.grid(True, alpha=0.3)
+    if lines:
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")  # aside, then renamed: never half a file
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
+
+
+def _with_gaps(points: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
+    """Insert a NaN between non-consecutive m so matplotlib breaks the line there."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for m, ppl in points:
+        if xs and m > xs[-1] + 1:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(m)
+        ys.append(ppl)
+    return xs, ys
