@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .compare_plots import plot_curves
+from .plots import plot_curves
 from .compare_runs import (COMPARISON_KIND, KIND_TAGS, ExperimentRuns, describe, open_store, read_experiment,
                            resolve_uri)
 from .compare_table import build_row, sort_rows, to_csv, to_markdown

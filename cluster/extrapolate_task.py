@@ -13,11 +13,8 @@ import socket
 import time
 from typing import Any
 
-# Launcher variables that would make evaluate_run create (or join) a process group. A Ray worker is forked from a
-# raylet that inherited the driver's environment, and a driver that trained in-process (tests, notebooks) has
-# RANK=0 / WORLD_SIZE=1 / MASTER_PORT=... set; a stale WORLD_SIZE>1 would make it wait for ranks that never come.
-# An extrapolation task is one process by design: drop them all.
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+from .ray_runtime import clear_launch_env
+
 
 
 def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: int | None, json_path: str | None,
@@ -26,8 +23,9 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
 
     Returns {"result": the §8 eval object, "seconds": evaluation wall time, "host": ..., "pid": ...}.
     """
-    for key in LAUNCH_VARS:
-        os.environ.pop(key, None)
+    # An extrapolation task is one process by design: a stale WORLD_SIZE > 1 inherited from a driver would make
+    # evaluate_run wait for ranks that never come.
+    clear_launch_env()
     import torch
 
     import torch.distributed as dist

@@ -1,4 +1,5 @@
-"""Plots of the cluster commands, drawn headless.
+"""Plots of the cluster commands, drawn headless: perplexity against m (`extrapolate`), curves against the
+training step (`compare`).
 
 We build a matplotlib Figure with the Agg canvas directly instead of going through pyplot: pyplot keeps global
 state and picks a GUI backend from the environment, which a Ray driver on a server or a test process must not
@@ -19,12 +20,7 @@ def plot_ppl_against_m(lines: Mapping[str, Sequence[tuple[int, float]]], path: s
     lines: label -> [(m, ppl), ...]. A run with a missing m (a failed task) is drawn with a gap there, not
     bridged, so a failure is visible in the plot as well as in the output.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.0, 4.0), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = _axes((6.0, 4.0), 120)
     all_m: set[int] = set()
     for label, points in lines.items():
         points = sorted(points)
@@ -39,6 +35,43 @@ def plot_ppl_against_m(lines: Mapping[str, Sequence[tuple[int, float]]], path: s
     ax.grid(True, alpha=0.3)
     if lines:
         ax.legend()
+    return _save_png(fig, path)
+
+
+def plot_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | os.PathLike, *, ylabel: str,
+                title: str, log_y: bool = False) -> Path | None:
+    """One metric against the training step, one line per run (`memlm compare`).
+
+    curves: label -> [(step, value), ...]. Writes nothing and returns None when no run has a point.
+    """
+    curves = {label: points for label, points in curves.items() if points}
+    if not curves:
+        return None
+    fig, ax = _axes((7.0, 4.2), 110)
+    for label, points in curves.items():
+        steps, values = zip(*points)
+        # Markers only where a curve has a few points (validation every k steps), so it stays visible.
+        ax.plot(steps, values, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log_y and all(v > 0 for points in curves.values() for _, v in points):
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save_png(fig, path)
+
+
+def _axes(size: tuple[float, float], dpi: int):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _save_png(fig, path: str | os.PathLike) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

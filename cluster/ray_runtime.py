@@ -23,6 +23,11 @@ from .errors import ClusterError
 
 LOCAL_HOST = "127.0.0.1"
 
+# Launcher variables (torchrun, the deepspeed launcher, and trainer.distributed for a plain training process).
+# A Ray worker that inherits them from its driver would host or join a process group that is not its own: every
+# trial would try to bind the same MASTER_PORT.
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
 # Set for the driver and passed to every worker (setdefault: a user's own choice wins).
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -62,9 +67,22 @@ def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int
                                "--head` there, or leave --address out for a local Ray") from None
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOCAL_HOST,
-             runtime_env=runtime_env, log_to_driver=True, configure_logging=True, logging_level="WARNING")
+    # The local Ray's processes copy this process's environment when they start: leave the launcher variables
+    # out of it (a driver that trained in process has RANK=0, WORLD_SIZE=1, MASTER_PORT=... set).
+    saved = {key: os.environ.pop(key) for key in LAUNCH_VARS if key in os.environ}
+    try:
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOCAL_HOST,
+                 runtime_env=runtime_env, log_to_driver=True, configure_logging=True, logging_level="WARNING")
+    finally:
+        os.environ.update(saved)
     return True
+
+
+def clear_launch_env() -> None:
+    """Forget launcher variables in this worker process, so what runs here is a fresh single process (on an
+    existing cluster the workers' environment comes from whoever started its nodes)."""
+    for key in LAUNCH_VARS:
+        os.environ.pop(key, None)
 
 
 @contextlib.contextmanager

@@ -70,6 +70,9 @@ def trial_fn(config: dict, spec: dict) -> None:
     else:
         from trainer.train import run
 
+        from .ray_runtime import clear_launch_env
+
+        clear_launch_env()  # one process: its own free port, never a driver's MASTER_PORT
         run(cfg, run_dir, resume=True, reporter=reporter)
     _tag_child_run(run_dir, values, spec, trial_id)
     reporter.final()  # last: the scheduler may end this process on it

@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -236,7 +237,13 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
     sweep_dir = tmp_path / "sweep"
     sweep_file = tmp_path / "serial.yaml"
     sweep_file.write_text(SERIAL_SWEEP)
-    env = child_env({"RAY_AUTH_MODE": "disabled"})
+    # The driver carries launcher variables, as a process that trained in-process does (trainer.distributed sets
+    # them), with MASTER_PORT on a port that is taken: trials must not inherit them (each binds its own port).
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    env = child_env({"RAY_AUTH_MODE": "disabled", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(busy.getsockname()[1])})
     log = (tmp_path / "first.log").open("w+")
     cmd = _sweep_cmd(sweep_file, sweep_dir, data)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -260,6 +267,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
             os.killpg(proc.pid, signal.SIGKILL)
     log.seek(0)
     first = log.read()
+    assert "EADDRINUSE" not in first and "failed; retrying" not in first, first[-3000:]
     finished = [line.split()[1] for line in first.splitlines() if " finished: valid_ppl=" in line]
     assert len(finished) == 1 and first_rc == 130, first[-3000:]
     assert "rerun the same command to resume" in first
@@ -269,6 +277,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
     before = {t: (sweep_dir / "trials" / t / "metrics.jsonl").read_bytes() for t in finished}
 
     second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    busy.close()
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming" in second.stdout
     started_again = {line.split()[1] for line in second.stdout.splitlines() if " started: " in line}
