@@ -5,7 +5,7 @@ Shape legend: B lanes, Q queries, K keys, P relative distances, H heads, E head 
 Scores follow Transformer-XL (Dai et al., eq. in the explainer):
     score(i, j) = (q_i + u) . k_j  +  (q_i + v) . W_R R(dist(i, j))
 The position term is computed once per distinct distance ([B, H, Q, P]) and then gathered into [B, H, Q, K]
-with an index built by the caller, so the same routine serves causal attention (dist = i - j), LaMemo's
+with an index built by the caller (or, on request, per (query, key) from the gathered encodings), so the same routine serves causal attention (dist = i - j), LaMemo's
 look-ahead (dist = j - i, or i - j for the unstable "xl" variant) and RMT's two-way blocks (signed dist).
 """
 
@@ -41,9 +41,12 @@ def attend(
     bias_u: Tensor,  # [H, E] content bias
     bias_v: Tensor,  # [H, E] position bias
     dropatt: nn.Module,
+    per_key_positions: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32.
 
+    per_key_positions: score the position term per (query, key) from gathered encodings instead of per distinct
+    distance; for callers with many more distances than keys per query (LaMemo's look-ahead with M > N).
     Every query row must have at least one allowed key (callers guarantee it). Softmax runs in fp32 so the
     log-normalisers that LaMemo caches are exact under autocast.
     """
@@ -51,8 +54,15 @@ def attend(
     K = k.shape[1]
     scale = 1.0 / math.sqrt(E)
     content = torch.einsum("bqhe,bkhe->bhqk", q + bias_u, k)  # [B, H, Q, K]
-    pos_all = torch.einsum("bqhe,phe->bhqp", q + bias_v, r_k)  # [B, H, Q, P]
-    position = pos_all.gather(-1, pos_index.expand(B, H, Q, K))
+    if per_key_positions:
+        # LaMemo's look-ahead with M > N has M distances but W = N keys per query. Scoring every distance would
+        # cost Q*P (M^2, which dominates evaluation at M = 10N); taking each query's W position rows first costs
+        # Q*K, like the content term.
+        r_sel = r_k[pos_index]  # [Q, K, H, E]
+        position = torch.einsum("bqhe,qkhe->bhqk", q + bias_v, r_sel)
+    else:
+        pos_all = torch.einsum("bqhe,phe->bhqp", q + bias_v, r_k)  # [B, H, Q, P]
+        position = pos_all.gather(-1, pos_index.expand(B, H, Q, K))
     scores = (content + position).float() * scale
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     lognorm = torch.logsumexp(scores, dim=-1)  # [B, H, Q]

@@ -21,7 +21,7 @@ What `flops_per_token` counts
 * The adaptive softmax projects the head input once per token and, with div_val == 1 (one shared table), reuses
   that projection for the tail clusters.
 * LaMemo adds, per layer: q for the M memory positions, the look-ahead attention (M queries over W keys; the
-  position term over the M distinct look-ahead distances 1..M), and — on every layer except the last — the
+  position term per (query, window key), i.e. M x W, though the distances span 1..M), and — on every layer except the last — the
   output projection and FFN for the M memory positions (memory hidden states at layers >= 1 are recomputed
   every segment from the layer-0 memory; at the last layer only the cached context is updated).
 * RMT: the segment is [read R | N tokens | write R], so every per-position cost runs over N + 2R positions and
@@ -175,7 +175,7 @@ def flops_per_token(
                 if cfg.rpe == "xl":
                     seg["pos_proj"] += mm(M, D, A) / batch_size  # separate encodings R(i - p) for the look-ahead
                 seg["attn_content"] += mm(M, A, W)
-                seg["attn_position"] += mm(M, A, M)  # look-ahead distances 1..M
+                seg["attn_position"] += mm(M, A, min(M, N))  # per (query, window key): W of the M distances
                 seg["attn_context"] += mm(M, W, A)
             seg["ffn"] += 2 * mm(rows_out, D, F_)
         head_rows = N

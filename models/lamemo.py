@@ -117,7 +117,7 @@ class LaMemo(Backbone):
                 window = slice(start, M + 1)
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
-                    layer.attn.dropatt,
+                    layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
                 )
                 ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead)
 
