@@ -235,12 +235,15 @@ class Trainer:
         status = "FAILED"
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         try:
+            def logged(step: int) -> bool:  # steps that write a metrics row (and so need their grad norm)
+                return step % cfg.log_every == 0 or step == end
+
             window_start, window_inputs = time.perf_counter(), 0
             while self.step < end:
-                self.norm_wanted = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == end
+                self.norm_wanted = logged(self.step + 1)
                 result = self._train_step()
                 window_inputs += result["inputs"]
-                if self.step % cfg.log_every == 0 or self.step == end:
+                if logged(self.step):
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": self.step, "loss": result["loss"], "ppl": math.exp(min(result["loss"], 50.0)),
                            "lr": result["lr"], "grad_norm": result["grad_norm"],
