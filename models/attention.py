@@ -25,9 +25,11 @@ def sinusoid(distances: Tensor, dim: int) -> Tensor:
 
 
 def clamp_distances(distances: Tensor, clamp_len: int) -> Tensor:
-    """Distances beyond clamp_len (either sign) share R(+-clamp_len); clamp_len <= 0 disables it."""
+    """Distances above clamp_len share R(clamp_len); clamp_len <= 0 disables it. Only the maximum is clamped, as in
+    the Transformer-XL, LaMemo and RMT authors' code: negative distances (RMT's read/write blocks, LaMemo's "xl"
+    look-ahead) keep their own encodings."""
     if clamp_len > 0:
-        return distances.clamp(-clamp_len, clamp_len)
+        return distances.clamp(max=clamp_len)
     return distances
 
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, fields
 
 ARCHS = ("transformer", "txl", "lamemo", "rmt")
 RPE_KINDS = ("disentangled", "xl")
+BPTT_MODES = ("window", "chunk")
+RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
+            "read_mem_from_cache", "cache_memory_rows")
 
 
 class ConfigError(ValueError):
@@ -47,9 +50,17 @@ class ModelConfig:
     interp_eps: float = 1e-6
     # RMT
     num_mem_tokens: int = 0
+    # Every scored segment's loss backpropagates through exactly the last bptt_depth memory transitions.
+    # window (the paper): one new segment per micro-batch, the previous bptt_depth segments replayed before it;
+    # chunk: bptt_depth + 1 new segments per micro-batch, detached between chunks (reach 0..k, cheaper).
     bptt_depth: int = 0
+    bptt_mode: str = "window"
+    bptt_replay_loss: bool = False  # window mode: also score the replayed segments (default: the new one only)
     aux_loss_weight: float = 0.0
     aux_token_id: int = 0
+    # Transformer-XL + RMT (mem_len > 0), as the RMT authors' code ran it by default:
+    read_mem_from_cache: bool = False  # the read memory rows also attend to the Transformer-XL cache
+    cache_memory_rows: bool = True  # the cache keeps the last M rows of [read | tokens | write], not tokens only
 
     @property
     def embed_dim(self) -> int:
@@ -113,8 +124,14 @@ class ModelConfig:
                 raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
             if not 0 <= self.aux_token_id < self.vocab_size:
                 raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), got {self.aux_token_id}")
+            if self.bptt_mode not in BPTT_MODES:
+                raise ConfigError(f"model.bptt_mode: unknown value {self.bptt_mode!r}; valid: {', '.join(BPTT_MODES)} "
+                                  "(window replays the last bptt_depth segments as the RMT paper trains; chunk is "
+                                  "truncated BPTT over bptt_depth + 1 new segments)")
+            if self.bptt_replay_loss and self.bptt_mode != "window":
+                raise ConfigError("model.bptt_replay_loss only applies to model.bptt_mode=window; remove it")
         else:
-            for name in ("num_mem_tokens", "bptt_depth", "aux_loss_weight", "aux_token_id"):
+            for name in RMT_ONLY:
                 if getattr(self, name) != getattr(defaults, name):
                     raise ConfigError(f"model.{name} only applies to arch 'rmt' (arch is {self.arch!r}); remove it")
 

@@ -96,8 +96,14 @@ class LaMemo(Backbone):
         r_cur = self.drop(relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype))
         key_valid = torch.cat([valid, valid.new_ones(B, N)], dim=1)  # [B, K]
         start, allowed_ahead, index_ahead = lookahead_layout(M, N, key_valid)
+        # Look-ahead distances 1..M. The authors draw a dropout mask for these encodings of their own; without
+        # dropout (or in eval) they equal rows 1..M of r_cur, so the disentangled path reuses those projections.
         if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
             r_ahead = self.drop(relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
+        elif self.training and cfg.dropout > 0:
+            r_ahead = self.drop(relative_encodings(torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
+        else:
+            r_ahead = None
 
         learned = self.learned.fetch()
         new_context, new_lognorm = [], []
@@ -111,9 +117,10 @@ class LaMemo(Backbone):
             ctx_mem, lognorm_mem = memory.context[l].to(dtype), memory.lognorm[l]
             if cfg.lookahead:
                 if cfg.rpe == "xl":
-                    r_k_ahead, v_ahead = layer.attn.project_positions(r_ahead), v_left
+                    v_ahead = v_left
                 else:
-                    r_k_ahead, v_ahead = r_k[1 : M + 1], self.layer_bias(learned["bias_v_ahead"], l)
+                    v_ahead = self.layer_bias(learned["bias_v_ahead"], l)
+                r_k_ahead = r_k[1 : M + 1] if r_ahead is None else layer.attn.project_positions(r_ahead)
                 window = slice(start, M + 1)
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,

@@ -8,8 +8,16 @@ H heads, E head width, V vocabulary.
 Every layer processes the sequence [read R | tokens N | write R]; the keys are [cache M | read R | tokens N |
 write R] at positions 0..K-1. Mask (see `rmt_allowed`): read rows see the read block (both directions); token
 rows are causal among tokens and see the read block, never the write block; write rows see everything. The
-cache (the past) is visible to every row. The write block's final outputs are the next segment's memory tokens,
-placed at both ends (the paper's H_mem_{t+1} := H_write_t). Only the token rows feed the softmax.
+cache (the past) is visible to token and write rows, and to read rows only with cfg.read_mem_from_cache. The
+write block's final outputs are the next segment's memory tokens, placed at both ends (the paper's
+H_mem_{t+1} := H_write_t). Only the token rows feed the softmax.
+
+The Transformer-XL + RMT defaults follow the code the paper's numbers came from (the paper is silent):
+read rows do not read the cache (read_mem_from_cache: false), and the cache keeps the last M rows of the whole
+[read | tokens | write] layer input (cache_memory_rows: true); with cache_memory_rows: false it keeps token rows
+only. Either way a cached row sits at its row position: distances are row-index differences in the key list.
+Dropout is drawn over the whole [read | tokens | write] input, as the authors drop memory-token embeddings like
+token embeddings.
 """
 
 from __future__ import annotations
@@ -34,39 +42,39 @@ class RMTMemory:
     tokens: Tensor  # [B, R, D] memory tokens the next segment reads (and rewrites); in the graph up to bptt_depth
     fresh: Tensor  # [B] bool: lane holds no memory yet; forward puts the learned initial memory there
     transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
-    cache: TXLMemory  # Transformer-XL cache of token positions only, detached; M = mem_len slots (0: no cache)
+    cache: TXLMemory  # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none)
 
     def detached(self) -> "RMTMemory":
         """The same state cut from the autograd graph, its transition count back to 0."""
         return dataclasses.replace(self, tokens=self.tokens.detach(), transitions=0)
 
 
-def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False) -> Tensor:
+def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
+                read_mem_from_cache: bool = False) -> Tensor:
     """[B, Q, K] bool: which key each query row may attend to, for the layout in the module docstring.
 
     cache_valid [B, M] masks empty cache slots (start of a document). With same_length (and a cache) token rows
-    see only the cache and token keys less than M tokens back, as Transformer-XL's evaluation option does.
+    see only cache and token keys less than M rows back, as Transformer-XL's evaluation option does.
     """
     R, N = n_mem_tokens, n_tokens
     B, M = cache_valid.shape
     device = cache_valid.device
     q_block = torch.tensor([READ] * R + [TOKENS] * N + [WRITE] * R, device=device)  # [Q]
     k_block = torch.cat([torch.full((M,), CACHE, device=device), q_block])  # [K]
-    # Token-stream offset from the segment's first token (cache slots are the M positions before it).
-    q_off = torch.arange(2 * R + N, device=device) - R
-    k_off = torch.cat([torch.arange(-M, 0, device=device), q_off])
-    q_block, q_off = q_block[:, None], q_off[:, None]
-    k_block, k_off = k_block[None, :], k_off[None, :]
+    q_pos = torch.arange(M, M + 2 * R + N, device=device)[:, None]  # [Q, 1] row positions in the key list
+    k_pos = torch.arange(M + 2 * R + N, device=device)[None, :]  # [1, K]
+    q_block, k_block = q_block[:, None], k_block[None, :]
 
     token_row = q_block == TOKENS
+    cache_readers = token_row | (q_block == WRITE) | ((q_block == READ) if read_mem_from_cache else False)
     allowed = (
         (q_block == WRITE)  # write rows gather the whole segment
-        | (k_block == CACHE)  # the cache is the past: visible to every row
+        | ((k_block == CACHE) & cache_readers)  # the cache is the past
         | (k_block == READ)  # the read memory: visible to every row, both directions inside the block
-        | (token_row & (k_block == TOKENS) & (k_off <= q_off))  # tokens: causal, never the write block
+        | (token_row & (k_block == TOKENS) & (k_pos <= q_pos))  # tokens: causal, never the write block
     )
     if same_length and M > 0:
-        far = token_row & ((k_block == CACHE) | (k_block == TOKENS)) & (q_off - k_off >= M)
+        far = token_row & ((k_block == CACHE) | (k_block == TOKENS)) & (q_pos - k_pos >= M)
         allowed = allowed & ~far
     key_valid = torch.cat([cache_valid, cache_valid.new_ones(B, 2 * R + N)], dim=1)  # [B, K]
     return allowed[None] & key_valid[:, None, :]
@@ -103,9 +111,13 @@ class RecurrentMemoryTransformer(Backbone):
     schedule for the whole batch, whatever the resets: a lane that is reset mid-window simply has fewer
     transitions behind it. `RMTMemory.detached()` cuts by hand and restarts the count.
 
+    The trainer's default `bptt_mode: window` starts every micro-batch from a detached memory and replays the
+    lane's last k segments before the new one (trainer/recurrence.py), so the count never exceeds k there and
+    this rule never fires; `bptt_mode: chunk` relies on it.
+
     The first memory is the learned parameter `memory_init` [R, D]; it is used again, per lane, for every lane
     that is reset or fresh (a parameter, so those lanes' losses reach it). The Transformer-XL cache (mem_len > 0)
-    holds only token positions and is always detached; emptying it is masking through `valid`.
+    is always detached; emptying it is masking through `valid`.
     """
 
     def __init__(self, cfg):
@@ -160,13 +172,14 @@ class RecurrentMemoryTransformer(Backbone):
         cfg = self.cfg
         B, N = tokens.shape
         R, M = cfg.num_mem_tokens, cfg.mem_len
-        x = self.embed_tokens(tokens)  # [B, N, D]
+        x = self.embed(tokens)  # [B, N, D]
         learned = self.learned.fetch()
         mem, transitions = self.read_memory(memory, reset, learned["memory_init"], x.dtype)  # [B, R, D]
-        h = torch.cat([mem, x, mem], dim=1)  # [B, Q, D]: the same memory at both ends
+        h = self.drop(torch.cat([mem, x, mem], dim=1))  # [B, Q, D]: the same memory at both ends
         valid = reset_valid(memory.cache.valid, reset)
+        cached_rows = 2 * R + N if cfg.cache_memory_rows else N  # rows that enter the cache per segment
 
-        allowed = rmt_allowed(R, N, valid, cfg.same_length)  # [B, Q, K]
+        allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache)  # [B, Q, K]
         distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
         r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))
 
@@ -175,8 +188,8 @@ class RecurrentMemoryTransformer(Backbone):
             cached = memory.cache.hidden[l].to(h.dtype)  # [B, M, D]
             keys_in = torch.cat([cached, h], dim=1)  # [B, K, D]
             if M:
-                # The cache keeps token positions only; the memory tokens travel through RMTMemory.tokens.
-                new_cache.append(torch.cat([cached, h[:, R : R + N]], dim=1)[:, -M:].detach())
+                rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
+                new_cache.append(torch.cat([cached, rows], dim=1)[:, -M:].detach())
             q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=h.shape[1])
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
@@ -190,6 +203,6 @@ class RecurrentMemoryTransformer(Backbone):
             tokens=write,
             fresh=torch.zeros_like(memory.fresh),
             transitions=transitions + 1,
-            cache=TXLMemory(hidden=new_cache if M else memory.cache.hidden, valid=roll_valid(valid, N, M)),
+            cache=TXLMemory(hidden=new_cache if M else memory.cache.hidden, valid=roll_valid(valid, cached_rows, M)),
         )
         return ModelOutput(nll=nll, logits=logits, memory=new_memory, aux_loss=self.memory_loss(write))

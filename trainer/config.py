@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from data_pipeline.config import DataConfig
-from models.config import ARCHS, RPE_KINDS, ConfigError, ModelConfig
+from models.config import ARCHS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
 
 from .config_schema import (
     build,
@@ -163,6 +163,7 @@ class RunConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ARCHS,
     "model.rpe": RPE_KINDS,
+    "model.bptt_mode": BPTT_MODES,
     "train.schedule": SCHEDULES,
     "train.optimizer": OPTIMIZERS,
     "deepspeed.precision": PRECISIONS,
