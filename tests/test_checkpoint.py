@@ -103,3 +103,39 @@ def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
     resharded = metrics(split)[before]
     assert resharded["step"] == 1  # the data and schedule start over; the weights are the trained ones
     assert resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])
+
+
+@pytest.mark.parametrize("variant", [
+    dict(model__bptt_mode="window", model__mem_len=8, model__aux_loss_weight=0.01),
+    dict(model__bptt_mode="window", model__bptt_depth=3, model__bptt_replay_loss="true"),
+    dict(model__bptt_mode="chunk", model__mem_len=8, model__cache_memory_rows="false"),
+], ids=["window-txl-cache-aux", "window-k3-replay-loss", "chunk-token-cache"])
+def test_rmt_resume_mid_window_and_document_is_bit_identical(variant, data, tmp_path):
+    """RMT's replay window (or chunk memory) is per-rank checkpoint state: stopping with a full window in the middle
+    of documents and resuming gives the uninterrupted run's losses bit for bit."""
+    import torch
+
+    common = dict(train__steps=2 * K, train__save_every=K, train__grad_accum=2, **variant)
+    full = losses_of(train_in_process("rmt", data, tmp_path / "full", **common))
+    split = tmp_path / "split"
+    train_in_process("rmt", data, split, stop_at=K, **common)
+    state = torch.load(split / "checkpoints" / f"global_step{K}" / "rank0.pt", weights_only=False)["recurrence"]
+    if variant["model__bptt_mode"] == "window":
+        depth = int(variant.get("model__bptt_depth", 2))
+        assert len(state["window"]) == depth  # mid-window: the replay segments are saved
+        resets = torch.stack([seg.reset for seg in state["window"]])
+        assert not resets.all(dim=0).any()  # every lane is inside a document across the saved window
+    train_in_process("rmt", data, split, resume=True, **common)
+    assert losses(split) == full
+
+
+def test_resume_with_another_bptt_mode_is_refused(data, tmp_path):
+    out = tmp_path / "run"
+    train_in_process("rmt", data, out, train__steps=2, train__save_every=2)
+    proc = subprocess.run([sys.executable, "-m", "memlm", "train", preset("rmt"),
+                           *overrides(data, train__steps=4, model__bptt_mode="chunk"), "--out", str(out), "--resume"],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'rmt-window' but this run uses 'rmt-chunk'" in proc.stderr and "model.bptt_mode" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "checkpoints" / "latest").read_text().strip() == "global_step2"

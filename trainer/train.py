@@ -1,19 +1,20 @@
 """`memlm train`: one DeepSpeed engine (world size 1 included) over LaneStream batches with recurrent memory.
 
 Units. A step is one optimizer step = train.grad_accum micro-batches. A micro-batch is the next segment of this
-rank's data.batch_size lanes, or, for RMT with bptt_depth k, the next k+1 segments of the same lanes run in one
-graph (k+1 forwards, one backward), which keeps the trainer's windows aligned with RMT's transition counting.
-Loss of a micro-batch = summed NLL over non-ignored targets / their count (+ the model's aux loss);
-engine.backward once per micro-batch and engine.step after each (DeepSpeed steps the optimizer and the client
-LambdaLR only on the accumulation boundary).
+rank's data.batch_size lanes (RMT's default window BPTT replays the lanes' last bptt_depth segments before it in
+the same graph; RMT's `bptt_mode: chunk` takes bptt_depth + 1 new segments instead): trainer/recurrence.py.
+Loss of a micro-batch = summed NLL over the scored targets / their count (+ RMT's aux loss, once per scored
+segment); engine.backward once per micro-batch and engine.step after each (DeepSpeed steps the optimizer and the
+client LambdaLR only on the accumulation boundary).
 
-Memory. It lives per rank outside the engine and is carried from segment to segment and from micro-batch to
-micro-batch, so every lane reads one continuous stream across accumulation and step boundaries; a lane's memory
-is cleared by the model where batch.reset is true (a new document). Between micro-batches it is cut from the graph
-(RMT: memory.detached(), which also restarts its transition count; others: map_memory(detach)).
+Memory. It lives per rank outside the engine, in the recurrence object, and is carried from segment to segment and
+from micro-batch to micro-batch, so every lane reads one continuous stream across accumulation and step
+boundaries; a lane's memory is cleared by the model where batch.reset is true (a new document). Between
+micro-batches it is cut from the graph.
 
-Resume. A checkpoint holds the engine state plus, per rank, memory, stream cursor and RNG states, so a resumed
-run takes exactly the steps an uninterrupted run would (bit-identical in fp32 on CPU).
+Resume. A checkpoint holds the engine state plus, per rank, the recurrent state (memory, RMT's replay window),
+stream cursor and RNG states, so a resumed run takes exactly the steps an uninterrupted run would (bit-identical
+in fp32 on CPU).
 
 ZeRO-3 works because the models read every parameter through a module call (see models/backbone.py
 LearnedTensors); ZeRO 0-3 with 2 ranks give the same losses (tests/test_checkpoint.py).
@@ -98,6 +99,7 @@ class Trainer:
 
         from .config import dump_yaml
         from .ds_config import deepspeed_config
+        from .recurrence import make_recurrence
         from .schedule import make_scheduler
 
         cfg = self.cfg
@@ -126,13 +128,13 @@ class Trainer:
         self.device = self.engine.device
         self.stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len,
                                              rank=self.rank, world_size=self.info.world_size)
-        self.memory = model.init_memory(cfg.data.batch_size, device=self.device)
+        self.recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=self.device),
+                                          self.device)
         self.step, self.tokens_seen = 0, 0
         self.norm_wanted = True
-        self.segments = cfg.model.bptt_depth + 1 if cfg.model.arch == "rmt" else 1
 
     def _restore(self, tag: str, reshard: bool) -> None:
-        from models import map_memory
+        from .recurrence import RecurrenceStateError
 
         if reshard:
             self._load_resharded(tag)
@@ -141,7 +143,11 @@ class Trainer:
         if path is None:
             raise checkpoint.ResumeError(f"DeepSpeed could not load {self.ckpt_dir / tag}")
         state = checkpoint.load_rank_state(self.ckpt_dir, tag, self.rank)
-        self.memory = map_memory(lambda t: t.to(self.device), state["memory"])
+        try:
+            # Checkpoints written before the recurrence objects held the memory at the top level.
+            self.recurrence.load_state_dict(state.get("recurrence") or {"memory": state["memory"]})
+        except RecurrenceStateError as exc:
+            raise checkpoint.ResumeError(f"cannot resume from {self.ckpt_dir / tag}: {exc}") from None
         self.stream.load_state_dict(state["stream"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.tokens_seen = state["step"], state["tokens"]
@@ -167,27 +173,12 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------------------
     def _micro_batch(self) -> tuple[float, int, int]:
-        """Forward the next `segments` segments, backward once; returns (nll sum, scored targets, input tokens)."""
+        """Forward the next micro-batch (trainer/recurrence.py), backward once; returns (nll sum, scored targets,
+        input tokens) of its new data."""
         import torch
 
-        from models import map_memory
-
-        total, aux, count, inputs = None, 0.0, 0, 0
-        memory = self.memory
-        for _ in range(self.segments):
-            batch = next(self.stream)
-            targets = batch.targets.to(self.device)
-            out = self.engine(batch.tokens.to(self.device), memory, reset=batch.reset.to(self.device),
-                              targets=targets)
-            nll_sum = out.nll.float().sum()
-            total = nll_sum if total is None else total + nll_sum
-            count += int((targets != -100).sum())
-            inputs += batch.tokens.numel()
-            if out.aux_loss is not None:
-                aux = aux + out.aux_loss
-            memory = out.memory
-        loss = total / max(count, 1) + aux
-        self.engine.backward(loss)
+        batch = self.recurrence.step(self.engine, lambda: next(self.stream))
+        self.engine.backward(batch.loss)
         if (self.engine.is_gradient_accumulation_boundary() and self.cfg.deepspeed.zero_stage == 0
                 and self.norm_wanted):
             # DeepSpeed records the grad norm only for ZeRO / mixed precision; at stage 0 the gradients are
@@ -196,8 +187,8 @@ class Trainer:
             grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
             self.stage0_grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
         self.engine.step()
-        self.memory = memory.detached() if hasattr(memory, "detached") else map_memory(lambda t: t.detach(), memory)
-        return float(total.detach()), count, inputs
+        self.recurrence.advance()
+        return batch.nll, batch.count, batch.inputs
 
     def _train_step(self) -> dict:
         import torch
@@ -268,9 +259,7 @@ class Trainer:
         return self.run_dir
 
     def save(self) -> str:
-        from models import map_memory
-
-        state = {"memory": map_memory(lambda t: t.detach().cpu(), self.memory), "stream": self.stream.state_dict(),
+        state = {"recurrence": self.recurrence.state_dict(), "stream": self.stream.state_dict(),
                  "rng": checkpoint.rng_state(), "step": self.step, "tokens": self.tokens_seen,
                  **self.meta}
         return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, state, self.meta,
