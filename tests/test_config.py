@@ -85,18 +85,35 @@ def test_character_presets_follow_the_lamemo_paper(name, arch, vocab):
     assert (cfg.train.steps, cfg.data.batch_size * cfg.train.grad_accum, cfg.train.lr) == (100000, 40, 2.5e-4)
 
 
-@pytest.mark.parametrize("name,tgt_len,mem_len,tokens,bptt,aux", [
-    ("rmt_wt103_bptt3_mem10", 150, 0, 10, 3, 0.0),
-    ("rmt_wt103_bptt2_mem25", 150, 0, 25, 2, 0.0),
-    ("rmt_wt103_n50_bptt1_mem1", 50, 0, 1, 1, 0.0),
-    ("rmt_wt103_n50_bptt3_mem10", 50, 0, 10, 3, 0.0),
-    ("txl_rmt_wt103_mem150_tok10", 150, 150, 10, 3, 0.01),
-    ("txl_rmt_wt103_mem75_tok5", 150, 75, 5, 3, 0.01),
-])
-def test_rmt_presets_follow_the_rmt_paper(name, tgt_len, mem_len, tokens, bptt, aux):
-    m = load_config(CONFIGS / f"{name}.yaml").model
-    assert (m.arch, m.n_layer, m.d_model) == ("rmt", 16, 410)
+RMT_ROWS = {  # preset -> (N, cache M, memory tokens, BPTT, aux weight, steps, the paper's test ppl), RMT Tables 2/4
+    "rmt_wt103_bptt3_mem10": (150, 0, 10, 3, 0.0, 200000, "25.04"),
+    "rmt_wt103_bptt2_mem25": (150, 0, 25, 2, 0.0, 200000, "24.85"),
+    "rmt_wt103_n50_bptt1_mem1": (50, 0, 1, 1, 0.0, 200000, "28.71"),
+    "rmt_wt103_n50_bptt3_mem10": (50, 0, 10, 3, 0.0, 200000, "26.37"),
+    "txl_rmt_wt103_mem150_tok10": (150, 150, 10, 3, 0.01, 400000, "23.99"),
+    "txl_rmt_wt103_mem75_tok5": (150, 75, 5, 3, 0.01, 200000, "24.47"),
+}
+
+
+def test_every_shipped_rmt_preset_has_its_paper_row():
+    shipped = {p.stem for p in PRESETS if load_config(p).model.arch == "rmt" and not p.stem.startswith("tiny")}
+    assert shipped == set(RMT_ROWS)
+
+
+@pytest.mark.parametrize("name", sorted(RMT_ROWS))
+def test_rmt_presets_follow_the_rmt_paper(name):
+    tgt_len, mem_len, tokens, bptt, aux, steps, ppl = RMT_ROWS[name]
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    m = cfg.model
+    assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner) == ("rmt", 16, 10, 41, 410, 2100)
     assert (m.tgt_len, m.mem_len, m.num_mem_tokens, m.bptt_depth, m.aux_loss_weight) == (tgt_len, mem_len, tokens, bptt, aux)
+    # The paper's training: BPTT over the last k segments for every loss, authors' Tr-XL + RMT options, 60 x N tokens
+    # per step for `steps` steps at Transformer-XL's base rate.
+    assert (m.bptt_mode, m.bptt_replay_loss, m.read_mem_from_cache, m.cache_memory_rows) == ("window", False, False, True)
+    assert (cfg.train.steps, cfg.data.batch_size * cfg.train.grad_accum, cfg.train.lr) == (steps, 60, 2.5e-4)
+    lines = (CONFIGS / f"{name}.yaml").read_text().splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("#"))])
+    assert header.startswith("RMT paper, Table 2") and f"-> {ppl} " in header, header
 
 
 @pytest.mark.parametrize("arch", ["transformer", "txl", "lamemo", "rmt"])
