@@ -66,9 +66,9 @@ def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_leng
     q_block, k_block = q_block[:, None], k_block[None, :]
 
     token_row = q_block == TOKENS
-    cache_readers = token_row | (q_block == WRITE) | ((q_block == READ) if read_mem_from_cache else False)
+    cache_readers = token_row | ((q_block == READ) if read_mem_from_cache else False)  # write rows: below
     allowed = (
-        (q_block == WRITE)  # write rows gather the whole segment
+        (q_block == WRITE)  # write rows gather the whole segment and the cache
         | ((k_block == CACHE) & cache_readers)  # the cache is the past
         | (k_block == READ)  # the read memory: visible to every row, both directions inside the block
         | (token_row & (k_block == TOKENS) & (k_pos <= q_pos))  # tokens: causal, never the write block

@@ -1,241 +1,406 @@
-"""Slow, obvious references for the model tests: explicit loops over positions and heads, math.sin/cos
-sinusoids, one lane at a time. They reuse a model's *weights* (and its standard LayerNorm/FFN modules, which
-are plain torch) but none of its attention, masking, position or memory code.
+"""Slow, obvious references for the model tests, written from the papers' definitions over *absolute positions*.
+
+Every reference runs ONE lane: a token stream `tokens[0..T)` cut into segments of N (segment k covers
+[kN, kN + N)), with documents starting at the positions in `doc_starts` (each a segment start; 0 is always one).
+For every query the set of keys it may see, and their distances, follow from its absolute position, the segment
+boundaries and the document starts alone; the references never build a memory tensor, a mask matrix or a
+distance index the way the models do. The tests run the model with several lanes whose reset points differ and
+compare each lane with its own reference.
+
+Shared with the models: their *weights* only (embedding table, q/k/v/o/r projections, u/v biases, LayerNorm and
+FFN parameters, softmax weights), applied here with plain float64 maths. No function of `models/` is called:
+not the attention, masking, position, memory, embedding or softmax code. Dropout is off (the models are in eval
+mode), so none is drawn here.
+
+Sources (paths under ../shared/papers/):
+  [XL]  transformer-xl-recurrent-memory-explainer.txt: line 106 (h~_tau = StopGrad(h_{tau-1}) o h_tau: keys of
+        cached positions are the layer inputs computed when they were current), lines 405-420 (score with r_{i-j},
+        the global u and v), lines 440-465 (sinusoid encodings of signed distances; the explainer interleaves
+        sin/cos, the authors' code, followed here, puts all sines first: a fixed permutation W_R absorbs).
+  [LM]  lamemo-look-ahead-memory.txt, cited by line and equation below.
+  [RMT] recurrent-memory-transformer.txt, cited by line below; lines 159-171 for its Tr-XL cache (eq. 1).
+Where a paper is silent the rule comes from DESIGN §3 or the authors' code, and says so.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plain maths over the model's weights (float64). Nothing here is specific to an architecture.
 
 
 def sinusoid_vec(d: float, dim: int) -> torch.Tensor:
+    """R(d) [dim]: sines then cosines (the Transformer-XL authors' layout), inverse frequencies
+    1 / 10000^(2f / dim) ([XL] 440-465, Vaswani et al.)."""
     half = dim // 2
     sines = [math.sin(d / 10000 ** (2 * f / dim)) for f in range(half)]
     cosines = [math.cos(d / 10000 ** (2 * f / dim)) for f in range(half)]
     return torch.tensor(sines + cosines, dtype=torch.float64)
 
 
-def split_qkv(layer, x: torch.Tensor, n_head: int, d_head: int):
-    """x [D] -> q, k, v each [H, E] using the layer's fused projection."""
-    w = torch.cat([layer.attn.q_net.weight, layer.attn.kv_net.weight]).double()  # rows: q, then k, then v
-    q, k, v = (w @ x).view(3, n_head, d_head)
-    return q, k, v
+def clamped(d: int, clamp_len: int) -> int:
+    """Transformer-XL's clamp_len, as the authors' code applies it: a distance ABOVE clamp_len uses R(clamp_len);
+    only the maximum is clamped, so negative distances keep their own encodings."""
+    return min(d, clamp_len) if clamp_len > 0 else d
 
 
-def pos_key(layer, d: float, clamp_len: int, d_model: int, n_head: int, d_head: int) -> torch.Tensor:
-    """W_R R(d) as [H, E], with Transformer-XL's clamping of |d|."""
-    if clamp_len > 0:
-        d = max(-clamp_len, min(clamp_len, d))
-    return (layer.attn.r_net.weight.double() @ sinusoid_vec(d, d_model)).view(n_head, d_head)
+class Weights:
+    """The model's parameters as float64 tensors, and the per-layer linear maps of the papers."""
+
+    def __init__(self, model):
+        cfg = self.cfg = model.cfg
+        assert not cfg.cutoffs and cfg.embed_dim == cfg.d_model, "references cover the plain softmax"
+        self.H, self.E, self.D = cfg.n_head, cfg.d_head, cfg.d_model
+        self.table = model.embed.tables[0].weight.detach().double()
+        self.out_w = model.head.weights[0].detach().double()  # tied to the table by default
+        self.out_b = model.head.bias.detach().double()
+        self.final_norm = model.final_norm if cfg.pre_lnorm else None
+        self.layers = model.layers
+        self.learned = {n: p.detach().double() for n, p in model.learned.named_parameters()}
+        self._pos: dict[tuple[int, int], torch.Tensor] = {}
+
+    def bias(self, name: str, l: int) -> torch.Tensor:
+        b = self.learned[name]
+        return b[l] if self.cfg.untie_r else b
+
+    def embed(self, token: int) -> torch.Tensor:
+        """Token embedding scaled by sqrt(D), as Transformer-XL scales its input embeddings."""
+        return self.table[token] * math.sqrt(self.D)
+
+    @staticmethod
+    def _ln(norm, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape, norm.weight.detach().double(), norm.bias.detach().double(), norm.eps)
+
+    def qkv(self, l: int, x: torch.Tensor):
+        """Layer input x [D] -> q, k, v [H, E] (pre-LN normalises what they are projected from)."""
+        layer = self.layers[l]
+        a = self._ln(layer.attn_norm, x) if layer.pre_lnorm else x
+        q = layer.attn.q_net.weight.detach().double() @ a
+        k, v = (layer.attn.kv_net.weight.detach().double() @ a).view(2, -1)
+        return q.view(self.H, self.E), k.view(self.H, self.E), v.view(self.H, self.E)
+
+    def pos(self, l: int, d: int) -> torch.Tensor:
+        """W_R R(d) [H, E] for an already clamped distance d."""
+        if (l, d) not in self._pos:
+            w = self.layers[l].attn.r_net.weight.detach().double()
+            self._pos[(l, d)] = (w @ sinusoid_vec(d, self.D)).view(self.H, self.E)
+        return self._pos[(l, d)]
+
+    def score(self, l: int, q, k, u, v_bias, d: int) -> torch.Tensor:
+        """[XL] 405-420: (q + u).k + (q + v).W_R R(d), scaled by 1/sqrt(E); [H]."""
+        return (((q + u) * k).sum(-1) + ((q + v_bias) * self.pos(l, d)).sum(-1)) / math.sqrt(self.E)
+
+    def finish(self, l: int, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual and LayerNorm around the attention, then the FFN: x [D], context [H, E]."""
+        layer = self.layers[l]
+        out = x + layer.attn.o_net.weight.detach().double() @ context.reshape(-1)
+        if not layer.pre_lnorm:
+            out = self._ln(layer.attn_norm, out)
+        lin1, lin2 = layer.ff.net[0], layer.ff.net[3]
+
+        def ffn(y):
+            hidden = torch.relu(lin1.weight.detach().double() @ y + lin1.bias.detach().double())
+            return lin2.weight.detach().double() @ hidden + lin2.bias.detach().double()
+
+        if layer.pre_lnorm:
+            return out + ffn(self._ln(layer.ff.norm, out))
+        return self._ln(layer.ff.norm, out + ffn(out))
+
+    def nll(self, h: torch.Tensor, target: int) -> float:
+        """-log p(target) through the (tied) softmax over the final hidden state; 0 for the ignore index."""
+        if target == -100:
+            return 0.0
+        if self.final_norm is not None:
+            h = self._ln(self.final_norm, h)
+        logits = self.out_w @ h + self.out_b
+        return float(-torch.log_softmax(logits, dim=0)[target])
 
 
-def softmax_context(scores: list[torch.Tensor], values: list[torch.Tensor]):
-    """scores: list over keys of [H]; values: list over keys of [H, E] -> context [H, E], lognorm [H]."""
+def softmax_over(scores: list[torch.Tensor], values: list[torch.Tensor]):
+    """One softmax over the listed keys: scores K x [H], values K x [H, E] -> context [H, E], log-normaliser [H]."""
     s = torch.stack(scores)  # [K, H]
     lse = torch.logsumexp(s, dim=0)
     p = torch.exp(s - lse)
-    ctx = sum(p[j][:, None] * values[j] for j in range(len(values)))
-    return ctx, lse
+    return (p[:, :, None] * torch.stack(values)).sum(0), lse
 
 
-def _ff(layer, h: torch.Tensor) -> torch.Tensor:
-    lin1, lin2 = layer.ff.net[0], layer.ff.net[3]
-    norm = layer.ff.norm
-
-    def ln(x):
-        return torch.nn.functional.layer_norm(x, x.shape, norm.weight.double(), norm.bias.double())
-
-    def net(x):
-        return lin2.weight.double() @ torch.relu(lin1.weight.double() @ x + lin1.bias.double()) + lin2.bias.double()
-
-    return h + net(ln(h)) if layer.pre_lnorm else ln(h + net(h))
+def doc_start_of(i: int, doc_starts) -> int:
+    """The document start at or before absolute position i."""
+    return max(d for d in doc_starts if d <= i)
 
 
-def attn_in(layer, h: torch.Tensor) -> torch.Tensor:
-    if not layer.pre_lnorm:
-        return h
-    n = layer.attn_norm
-    return torch.nn.functional.layer_norm(h, h.shape, n.weight.double(), n.bias.double())
+def lane_doc_starts(resets, lane: int, seg_len: int) -> set[int]:
+    """resets: per segment None or [B] bool (reset before that segment) -> the lane's document starts."""
+    return {0} | {k * seg_len for k, r in enumerate(resets) if r is not None and bool(r[lane])}
 
 
-def head_nll(model, h: torch.Tensor, target: int) -> float:
-    """NLL of one target from the final hidden state (the softmax head is plain torch, reused as is)."""
-    nll, _ = model.predict(h.float()[None, None], torch.tensor([[target]]), False)
-    return float(nll[0, 0].detach())
+# ---------------------------------------------------------------------------------------------------------------
+# Transformer-XL (and the Transformer+RPE baseline, M = 0)
 
 
-def txl_reference(model, stream: list[int], seg_len: int, mem_len: int, same_length: bool = False) -> list[float]:
-    """Per-token NLL of Transformer-XL over one lane's token stream (targets = next token), segment by segment,
-    the memory being the last mem_len layer inputs. The final position of the stream has no target."""
-    cfg = model.cfg
-    H, E, D = cfg.n_head, cfg.d_head, cfg.d_model
-    L = cfg.n_layer
-    mem: list[list[torch.Tensor]] = [[] for _ in range(L)]  # per layer: list of (abs_pos, hidden)
-    nlls = []
-    emb = model.embed(torch.tensor(stream)[None])[0].double()
-    for start in range(0, len(stream) - 1, seg_len):
-        positions = list(range(start, min(start + seg_len, len(stream) - 1)))
-        h = {p: emb[p] for p in positions}
-        for l, layer in enumerate(model.layers):
-            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
-            v = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
-            keys = mem[l] + [(p, h[p]) for p in positions]
-            kv = {p: split_qkv(layer, attn_in(layer, x), H, E) for p, x in keys}
+def txl_sees(i: int, j: int, seg_start: int, doc: int, M: int, same_length: bool) -> bool:
+    """Query at absolute position i (segment starting at seg_start, document starting at doc) may attend key j:
+    the past of its own document (j <= i, j >= doc) that is in the current segment or among the M positions
+    cached before it (j >= seg_start - M: the cache holds the last M positions, [XL] line 106 / [RMT] eq. 1);
+    same_length (the authors' evaluation option) additionally keeps i - j < M so every query sees M keys."""
+    return doc <= j <= i and j >= seg_start - M and not (same_length and M > 0 and i - j >= M)
+
+
+def txl_reference(model, tokens: list[int], targets: list[int], seg_len: int, doc_starts) -> list[float]:
+    """Per-token NLL of one lane. The layer-l key of position j is the layer-l INPUT of j computed when j was
+    current (stop-gradient reuse, [XL] line 106); the score uses R(i - j) with clamp_len on the maximum."""
+    W, cfg = Weights(model), model.cfg
+    M = cfg.mem_len
+    kv: list[dict[int, tuple]] = [{} for _ in range(cfg.n_layer)]  # per layer: position -> q, k, v of its input
+    nlls: list[float] = []
+    for s in range(0, len(tokens), seg_len):
+        cur = range(s, min(s + seg_len, len(tokens)))
+        doc = doc_start_of(s, doc_starts)
+        h = {i: W.embed(tokens[i]) for i in cur}
+        for l in range(cfg.n_layer):
+            for i in cur:  # computed once, from the layer input: later segments reuse them as cached keys
+                kv[l][i] = W.qkv(l, h[i])
+            u, v = W.bias("bias_u", l), W.bias("bias_v", l)
             new_h = {}
-            for i in positions:
-                q = kv[i][0]
+            for i in cur:
+                q = kv[l][i][0]
                 scores, values = [], []
-                for j, _ in keys:
-                    if j > i or (same_length and mem_len > 0 and i - j >= mem_len):
-                        continue
-                    rk = pos_key(layer, i - j, cfg.clamp_len, D, H, E)
-                    scores.append((((q + u) * kv[j][1]).sum(-1) + ((q + v) * rk).sum(-1)) / math.sqrt(E))
-                    values.append(kv[j][2])
-                ctx, _ = softmax_context(scores, values)
-                new_h[i] = _finish(layer, h[i], ctx)
-            mem[l] = (mem[l] + [(p, h[p]) for p in positions])[-mem_len:] if mem_len else []
+                for j in range(0, i + 1):
+                    if txl_sees(i, j, s, doc, M, cfg.same_length):
+                        _, k, val = kv[l][j]
+                        scores.append(W.score(l, q, k, u, v, clamped(i - j, cfg.clamp_len)))
+                        values.append(val)
+                ctx, _ = softmax_over(scores, values)
+                new_h[i] = W.finish(l, h[i], ctx)
             h = new_h
-        for i in positions:
-            nlls.append(head_nll(model, h[i], stream[i + 1]))
+        nlls += [W.nll(h[i], targets[i]) for i in cur]
     return nlls
 
 
-def _finish(layer, h_in: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    out = h_in + layer.attn.o_net.weight.double() @ context.reshape(-1)
-    if not layer.pre_lnorm:
-        n = layer.attn_norm
-        out = torch.nn.functional.layer_norm(out, out.shape, n.weight.double(), n.bias.double())
-    return _ff(layer, out)
+# ---------------------------------------------------------------------------------------------------------------
+# LaMemo
 
 
-def lamemo_reference(model, stream: list[int], seg_len: int, mem_len: int):
-    """Per-token NLL of LaMemo over one lane's stream, written as the paper states it (eq. 7-12), position by
-    position, with alpha = s_past / (s_past + s_ahead + eps) in linear space. Returns (nlls, cache) where cache
-    maps layer -> {abs position: (C [H, E], S [H])} for the final memory."""
-    cfg = model.cfg
-    H, E, D, L = cfg.n_head, cfg.d_head, cfg.d_model, cfg.n_layer
-    eps = cfg.interp_eps
-    emb_all = model.embed(torch.tensor(stream)[None])[0].double()
-    embed: dict[int, torch.Tensor] = {}
-    cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(L)]
-    mem_pos: list[int] = []
-    nlls = []
-    for s in range(0, len(stream) - 1, seg_len):
-        cur = list(range(s, min(s + seg_len, len(stream) - 1)))
-        assert len(cur) == seg_len, "reference assumes whole segments"
-        window = min(mem_len, seg_len)
-        h = {p: embed[p] for p in mem_pos}
-        h.update({p: emb_all[p] for p in cur})
-        for l, layer in enumerate(model.layers):
-            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
-            v_left = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
-            everyone = mem_pos + cur
-            kv = {p: split_qkv(layer, attn_in(layer, h[p]), H, E) for p in everyone}
-            ctx, lse = {}, {}
-            for i in cur:  # causal attention, keys to the left: R(i - j), bias v+
+@dataclass
+class LaMemoSegment:
+    nll: list[float]  # per token of the segment
+    cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]]  # per layer: position -> (C [H, E], S [H]) after it
+
+
+def lamemo_memory(seg_start: int, doc: int, M: int) -> range:
+    """The memory of the segment starting at seg_start: the last M positions before it, in its document
+    ([LM] §2.2 line 239 and §3.1 line 354: X_{tau-1} = [x_{tau-M+1}, ..., x_tau], the segment being
+    X_tau = [x_{tau+1}, ..., x_{tau+N}], line 156)."""
+    return range(max(doc, seg_start - M), seg_start)
+
+
+def lamemo_lookahead_keys(i: int, seg_start: int, N: int) -> list[int]:
+    """Look-ahead keys of memory position i: [LM] eq. (7) (line 370, "only requires the newest N positions on the
+    right", lines 367-368) takes [x_{tau-N+2}, ..., x_{tau+1}], ending at x_{tau+1}, the FIRST token of the
+    current segment (X_tau = [x_{tau+1}, ...], line 156): "x_i can attend to position x_j on its right (j > i)
+    without causing information leakage as long as j <= tau+1" (lines 357-360; footnote 3, lines 85-86);
+    eq. (9)'s softmax "masks position j <= i" (line 392), so only p > i remain (with M < N this is the
+    min(M, N) window of DESIGN §3). Successive windows tile every position to i's right ("the target segment
+    moves forward N positions at each iteration", lines 363-364)."""
+    return [p for p in range(seg_start - N + 1, seg_start + 1) if p > i]
+
+
+def lamemo_reference(model, tokens: list[int], targets: list[int], seg_len: int, doc_starts) -> list[LaMemoSegment]:
+    """One lane of LaMemo, segment by segment over absolute positions. For the segment starting at s (document
+    start d), at every layer l:
+
+      * hidden states: h^0 is the token embedding of every position (memory and current); memory hidden states
+        at layers >= 1 are recomputed in THIS segment from h^0 (DESIGN §3; [LM] lines 433-435: C<-> "are
+        further fed to the non-linear transformation defined in Eq. 3 to update representations in higher
+        layers"; Figure 4, lines 411-413), h^{l+1}[p] = f(h^l[p] + W_o context[p]) ([LM] eq. (3), lines
+        192-207) for memory and current positions alike;
+      * current token i: keys j with d <= j <= i (eq. (2)'s causal mask, line 186), j >= s - M (the memory,
+        eq. (5), line 245), plus i - j < M under same_length (Transformer-XL's evaluation option, not in the
+        paper); score eq. (12) (lines 506-518) with i >= j: (q_i + u).k_j + (q_i + v+).W_R R(|i - j|); its
+        context C and log-normaliser S (the log of s->, "the denominator of the softmax in Eq. 2", lines
+        447-449) are cached;
+      * memory position i (lookahead on): keys lamemo_lookahead_keys(i, s, N); score eq. (12) with j > i:
+        (q_i + u).k_p + (q_i + v-).W_R R(|i - p|), the projections shared with the causal attention (lines
+        394-396); rpe "xl": eq. (6) (lines 296-302) applied to j > i, i.e. R_{i-j} = R_{-Delta} (lines
+        477-479): (q_i + u).k_p + (q_i + v).W_R R(i - p), the signed negative distance; context A,
+        log-denominator F ("the denominator of the softmax in Eq. 9", lines 450-451);
+        interpolation eq. (10)-(11) (lines 421-452): alpha = s-> / (s-> + s<- + eps) with s-> = exp(S),
+        s<- = exp(F), computed here in linear space; C' = alpha C + (1 - alpha) A; S' = log(s-> + s<-), so
+        that the next segment's s-> is the denominator over every key C' averages (Appendix A, lines 908-948:
+        C' is one softmax over the past and the future keys). interpolate off ("set the memorizing
+        coefficient alpha = 0", line 720): C' = A. lookahead off ("only use the causal context
+        representations C->", line 722): C' = C, S' = S. The memory position's next-layer input is
+        f(h^l[i] + W_o C').
+      * cache after the segment: (C', S') of memory positions, (C, S) of current positions, by position.
+    """
+    W, cfg = Weights(model), model.cfg
+    M, N, eps = cfg.mem_len, seg_len, cfg.interp_eps
+    cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(cfg.n_layer)]
+    results = []
+    for s in range(0, len(tokens), N):
+        cur = list(range(s, s + N))
+        assert cur[-1] < len(tokens), "whole segments only"
+        doc = doc_start_of(s, doc_starts)
+        mem = list(lamemo_memory(s, doc, M))
+        h = {p: W.embed(tokens[p]) for p in mem + cur}
+        new_cache = []
+        for l in range(cfg.n_layer):
+            u, v_left = W.bias("bias_u", l), W.bias("bias_v", l)
+            qkv = {p: W.qkv(l, h[p]) for p in mem + cur}
+            ctx = {}
+            layer_cache = {}
+            for i in cur:
                 scores, values = [], []
-                for j in everyone:
-                    if j > i or (cfg.same_length and i - j >= mem_len):
-                        continue
-                    rk = pos_key(layer, i - j, cfg.clamp_len, D, H, E)
-                    scores.append((((kv[i][0] + u) * kv[j][1]).sum(-1) + ((kv[i][0] + v_left) * rk).sum(-1)) / math.sqrt(E))
-                    values.append(kv[j][2])
-                ctx[i], lse[i] = softmax_context(scores, values)
-            for i in mem_pos:  # look-ahead: keys p in (i, s], the newest `window` positions ending at s
+                for j in mem + cur:
+                    if txl_sees(i, j, s, doc, M, cfg.same_length):
+                        scores.append(W.score(l, qkv[i][0], qkv[j][1], u, v_left, clamped(abs(i - j), cfg.clamp_len)))
+                        values.append(qkv[j][2])
+                ctx[i], S = softmax_over(scores, values)
+                layer_cache[i] = (ctx[i], S)
+            for i in mem:
                 C, S = cache[l][i]
                 if cfg.lookahead:
                     scores, values = [], []
-                    for p in range(s - window + 1, s + 1):
-                        if p <= i or p not in kv:
-                            continue
+                    for p in lamemo_lookahead_keys(i, s, N):
                         if cfg.rpe == "xl":
-                            rk, vb = pos_key(layer, i - p, cfg.clamp_len, D, H, E), v_left
+                            sc = W.score(l, qkv[i][0], qkv[p][1], u, v_left, clamped(i - p, cfg.clamp_len))
                         else:
-                            rk = pos_key(layer, p - i, cfg.clamp_len, D, H, E)
-                            vb = (model.learned.bias_v_ahead[l] if cfg.untie_r else model.learned.bias_v_ahead).double()
-                        scores.append((((kv[i][0] + u) * kv[p][1]).sum(-1) + ((kv[i][0] + vb) * rk).sum(-1)) / math.sqrt(E))
-                        values.append(kv[p][2])
-                    A, F = softmax_context(scores, values)
-                    alpha = S.exp() / (S.exp() + F.exp() + eps) if cfg.interpolate else torch.zeros_like(S)
+                            v_right = W.bias("bias_v_ahead", l)
+                            sc = W.score(l, qkv[i][0], qkv[p][1], u, v_right, clamped(abs(i - p), cfg.clamp_len))
+                        scores.append(sc)
+                        values.append(qkv[p][2])
+                    A, Fn = softmax_over(scores, values)
+                    s_past, s_ahead = torch.exp(S), torch.exp(Fn)
+                    alpha = s_past / (s_past + s_ahead + eps) if cfg.interpolate else torch.zeros_like(S)
                     C = alpha[:, None] * C + (1 - alpha[:, None]) * A
-                    S = torch.log(S.exp() + F.exp())
-                ctx[i], lse[i] = C, S
-            if l < L - 1:
-                h = {p: _finish(layer, h[p], ctx[p]) for p in everyone}
-            else:
-                h = {p: _finish(layer, h[p], ctx[p]) for p in cur}
-            cache[l] = {p: (ctx[p], lse[p]) for p in everyone}
-        for i in cur:
-            nlls.append(head_nll(model, h[i], stream[i + 1]))
-            embed[i] = emb_all[i]
-        mem_pos = (mem_pos + cur)[-mem_len:]
-        cache = [{p: c[p] for p in mem_pos} for c in cache]
-    return nlls, cache
+                    S = torch.log(s_past + s_ahead)
+                ctx[i] = C
+                layer_cache[i] = (C, S)
+            h = {p: W.finish(l, h[p], ctx[p]) for p in mem + cur}
+            new_cache.append(layer_cache)
+        cache = new_cache
+        results.append(LaMemoSegment(nll=[W.nll(h[i], targets[i]) for i in cur], cache=cache))
+    return results
 
 
-def rmt_sees(q_block: str, q_off: int, k_block: str, k_off: int, mem_len: int, same_length: bool) -> bool:
-    """RMT visibility, rule by rule. Blocks: "cache", "read", "tok", "write"; offsets count tokens from the
-    segment's first token (cache slots are negative: the M positions before it)."""
-    if q_block == "write":
-        return True  # write rows gather the whole segment
-    if k_block == "read":
-        return True  # every row reads the memory; read rows see each other both ways
-    far = same_length and mem_len > 0 and q_block == "tok" and q_off - k_off >= mem_len
-    if k_block == "cache":
-        return not far  # the past
-    if q_block == "tok" and k_block == "tok":
-        return k_off <= q_off and not far  # causal
-    return False  # read rows see no tokens; nobody but the write rows sees the write block
+# ---------------------------------------------------------------------------------------------------------------
+# Recurrent Memory Transformer (+ the Transformer-XL cache)
 
 
-def rmt_reference(model, segments, resets, mem_len: int, same_length: bool = False):
-    """One lane of the Recurrent Memory Transformer, segment by segment, with explicit loops.
+@dataclass
+class RMTSegment:
+    nll: list[float]  # per token of the segment
+    write: torch.Tensor  # [R, D] final outputs of the write rows (the next segment's memory tokens)
+    aux_nll: list[float]  # per write row: NLL of cfg.aux_token_id
+    cache: list[list[torch.Tensor | None]]  # per layer: the M slots the next segment's cache holds (None: empty)
 
-    segments: list of (tokens, targets) lists; resets[s]: segment s starts a new document. Per layer the keys are
-    [cache M | read R | tokens N | write R] at positions 0, 1, ...; the score uses R(i - j) with the signed
-    distance. Returns per segment: (token nlls, write outputs [R, D] float64, nll of cfg.aux_token_id per write row).
+
+def rmt_sees(q_kind: str, q_pos: int, k_kind: str, k_pos: int, from_cache: bool, M: int, same_length: bool,
+             read_mem_from_cache: bool) -> bool:
+    """Query row (kind, position in the lane's row stream) may attend key row. Kinds: "read", "tok", "write".
+
+    Current segment ([RMT] lines 256-258, 289-291, Figure 6 d): read rows see the read block, both directions
+    ("all memory tokens in the read/write block access all other tokens in the same block"); token rows see
+    the read block ("allows sequence tokens to attend to memory states produced at the previous segment") and
+    are causal among tokens ("the causal attention mask is applied only to tokens"), never the write block
+    (they would see the future); write rows "attend to all current segment tokens": the whole segment.
+    Cache (Tr-XL + RMT, lines 82-83, 433): token and write rows read it; read rows only with
+    read_mem_from_cache (the paper is silent; the authors' code does not let them, DESIGN §3).
+    same_length (with M > 0): token rows see no cache or token key M or more rows back.
     """
-    cfg = model.cfg
-    H, E, D, R, M = cfg.n_head, cfg.d_head, cfg.d_model, cfg.num_mem_tokens, mem_len
-    init = [model.learned.memory_init[i].double() for i in range(R)]
-    mem = None
-    cache = [[None] * M for _ in range(cfg.n_layer)]  # per layer, M slots: a layer input, or None (empty)
+    if from_cache:
+        ok = q_kind != "read" or read_mem_from_cache
+    elif q_kind == "write":
+        ok = True
+    elif k_kind == "read":
+        ok = True
+    elif q_kind == "tok" and k_kind == "tok":
+        ok = k_pos <= q_pos
+    else:
+        ok = False
+    if ok and same_length and M > 0 and q_kind == "tok" and (from_cache or k_kind == "tok"):
+        ok = q_pos - k_pos < M
+    return ok
+
+
+def rmt_reference(model, tokens: list[int], targets: list[int], seg_len: int, doc_starts) -> list[RMTSegment]:
+    """One lane of RMT over its ROW STREAM: segment k of the lane contributes rows [read R | tokens N | write R]
+    ([RMT] lines 226-249: H~0 = [H_mem o H0 o H_mem]) at row positions k(2R + N) ... k(2R + N) + 2R + N - 1.
+
+      * the read and write rows' layer-0 inputs are both the previous segment's write outputs (lines 262-275:
+        H_mem_{tau+1} := H_write_tau), or the learned memory_init at a document start (DESIGN §3);
+      * the Transformer-XL cache ([RMT] eq. 1, lines 159-171: the layer input is [SG(M_-m:) o H]): with
+        cache_memory_rows (the authors' code) it holds the last M rows of the row stream before the segment's
+        read block, within the document, so a cached row sits at its own row position and its distance to a
+        query is the difference of row positions; without it (a memlm variant) it holds the last M TOKEN rows
+        of the document, placed right before the read block: the cached token t rows back in the token stream
+        (t = 1..M) sits at virtual row position (first read row) - t;
+      * keys of cached rows are their layer-l inputs computed when they were current (stop-gradient);
+      * score: Transformer-XL's ([XL] 405-420) with the signed distance (query row position - key row
+        position), clamp_len on the maximum only (negative distances inside the read/write blocks keep theirs);
+      * token rows feed the softmax; every write row's final output predicts cfg.aux_token_id (A.5, lines
+        708-711).
+    """
+    W, cfg = Weights(model), model.cfg
+    R, N, M, L = cfg.num_mem_tokens, seg_len, cfg.mem_len, cfg.n_layer
+    Q = 2 * R + N
+    kinds = ["read"] * R + ["tok"] * N + ["write"] * R
+    layer_in: list[dict[int, torch.Tensor]] = [{} for _ in range(L)]  # per layer: row position -> layer input
+    kv: list[dict[int, tuple]] = [{} for _ in range(L)]  # per layer: row position -> (q, k, v) of that input
+    init = W.learned["memory_init"]
+    write = None
     results = []
-    for (toks, tgts), reset in zip(segments, resets):
-        if reset or mem is None:
-            mem = init
-            cache = [[None] * M for _ in range(cfg.n_layer)]
-        N = len(toks)
-        emb = model.embed(torch.tensor(toks)[None])[0].double()
-        rows = [("read", -1)] * R + [("tok", t) for t in range(N)] + [("write", N)] * R  # (block, offset)
-        h = list(mem) + [emb[t] for t in range(N)] + list(mem)
-        for l, layer in enumerate(model.layers):
-            u = (model.learned.bias_u[l] if cfg.untie_r else model.learned.bias_u).double()
-            v = (model.learned.bias_v[l] if cfg.untie_r else model.learned.bias_v).double()
-            # keys: (position, block, offset, layer input)
-            keys = [(m, "cache", m - M, cache[l][m]) for m in range(M) if cache[l][m] is not None]
-            keys += [(M + i, blk, off, h[i]) for i, (blk, off) in enumerate(rows)]
-            kv = {pos: split_qkv(layer, attn_in(layer, x), H, E) for pos, _, _, x in keys}
-            new_h = []
-            for i, (q_blk, q_off) in enumerate(rows):
-                q = kv[M + i][0]
+    for g, s in enumerate(range(0, len(tokens), N)):
+        assert s + N <= len(tokens), "whole segments only"
+        first = g * Q  # row position of the segment's first read row
+        doc = doc_start_of(s, doc_starts)
+        doc_first_row = (doc // N) * Q
+        mem_in = [init[r] for r in range(R)] if s == doc else list(write)
+        rows = list(range(first, first + Q))
+        h = dict(zip(rows, mem_in + [W.embed(tokens[t]) for t in range(s, s + N)] + mem_in))
+
+        def cached(first_row: int, seg_start: int):
+            """(virtual row position, stored row position) of every key the cache holds for a segment."""
+            if cfg.cache_memory_rows:
+                return [(p, p) for p in range(max(doc_first_row, first_row - M), first_row)]
+            toks = range(max(doc, seg_start - M), seg_start)
+            return [(first_row - (seg_start - t), (t // N) * Q + R + t % N) for t in toks]
+
+        for l in range(L):
+            for p in rows:  # stored once: later segments reuse these inputs as their cached keys
+                layer_in[l][p], kv[l][p] = h[p], W.qkv(l, h[p])
+            u, v = W.bias("bias_u", l), W.bias("bias_v", l)
+            keys = [(vp, "cache", sp, True) for vp, sp in cached(first, s)]
+            keys += [(p, kinds[p - first], p, False) for p in rows]
+            new_h = {}
+            for p in rows:
+                q = kv[l][p][0]
                 scores, values = [], []
-                for j, k_blk, k_off, _ in keys:
-                    if not rmt_sees(q_blk, q_off, k_blk, k_off, M, same_length):
-                        continue
-                    rk = pos_key(layer, (M + i) - j, cfg.clamp_len, D, H, E)
-                    scores.append((((q + u) * kv[j][1]).sum(-1) + ((q + v) * rk).sum(-1)) / math.sqrt(E))
-                    values.append(kv[j][2])
-                ctx, _ = softmax_context(scores, values)
-                new_h.append(_finish(layer, h[i], ctx))
-            if M:
-                cache[l] = (cache[l] + h[R : R + N])[-M:]
+                for k_pos, k_kind, stored, from_cache in keys:
+                    if rmt_sees(kinds[p - first], p, k_kind, k_pos, from_cache, M, cfg.same_length,
+                                cfg.read_mem_from_cache):
+                        _, k, val = kv[l][stored]
+                        scores.append(W.score(l, q, k, u, v, clamped(p - k_pos, cfg.clamp_len)))
+                        values.append(val)
+                ctx, _ = softmax_over(scores, values)
+                new_h[p] = W.finish(l, h[p], ctx)
             h = new_h
-        nlls = [0.0 if tgts[t] == -100 else head_nll(model, h[R + t], tgts[t]) for t in range(N)]
-        write = h[R + N :]
-        aux = [head_nll(model, w, cfg.aux_token_id) for w in write]
-        results.append((nlls, torch.stack(write), aux))
-        mem = write
+        write = [h[first + R + N + r] for r in range(R)]
+        # what the next segment of this document would find in its cache: slot c of M, oldest first
+        nxt = cached(first + Q, s + N)
+        slots = []
+        for l in range(L):
+            by_virtual = {vp: layer_in[l][sp] for vp, sp in nxt}
+            slots.append([by_virtual.get(first + Q - M + c) for c in range(M)])
+        results.append(RMTSegment(
+            nll=[W.nll(h[first + R + t], targets[s + t]) for t in range(N)],
+            write=torch.stack(write),
+            aux_nll=[W.nll(w, cfg.aux_token_id) for w in write],
+            cache=slots,
+        ))
     return results

@@ -17,6 +17,8 @@ VARIANTS = {
     "lamemo-no-interp": dict(arch="lamemo", interpolate=False),
     "rmt": dict(arch="rmt", mem_len=0, num_mem_tokens=2, bptt_depth=1),
     "rmt-cache-aux": dict(arch="rmt", num_mem_tokens=3, bptt_depth=2, aux_loss_weight=0.1, same_length=True),
+    "rmt-token-cache-read": dict(arch="rmt", num_mem_tokens=2, read_mem_from_cache=True, cache_memory_rows=False),
+    "rmt-row-cache-read": dict(arch="rmt", num_mem_tokens=2, mem_len=13, read_mem_from_cache=True),
 }
 
 
