@@ -26,8 +26,6 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
     # An extrapolation task is one process by design: a stale WORLD_SIZE > 1 inherited from a driver would make
     # evaluate_run wait for ranks that never come.
     clear_launch_env()
-    import torch
-
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -37,7 +35,9 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
                            f"{dist.get_world_size()}; an extrapolation task must run alone")
     # Ray reserves CPUs per task but does not pin threads; torch would otherwise start one thread per core of the
     # node, and two tasks on a 2-core node would fight over 4 threads.
-    torch.set_num_threads(max(1, math.ceil(threads)))
+    from trainer.runtime import prepare_process
+
+    prepare_process(cpus=max(1, math.ceil(threads)), who="extrapolate task")
     from trainer.evaluate import evaluate_run
 
     start = time.perf_counter()

@@ -62,6 +62,7 @@ def trial_fn(config: dict, spec: dict) -> None:
     values = {**spec["fixed"], **plain_values(config),
               "tracking.run_name": ctx.get_trial_name(), "tracking.parent_run_id": spec["parent_run_id"]}
     from trainer.config import config_from_dict
+    from trainer.runtime import prepare_process
 
     cfg = config_from_dict(spec["base_tree"], values)
     reporter = TuneReporter(spec["metric"], tune.report, last_step=cfg.train.steps)
@@ -73,6 +74,7 @@ def trial_fn(config: dict, spec: dict) -> None:
         from .ray_runtime import clear_launch_env
 
         clear_launch_env()  # one process: its own free port, never a driver's MASTER_PORT
+        prepare_process(cpus=spec["resources"]["cpus"], who="trial")  # the CPUs Tune reserved for this trial
         run(cfg, run_dir, resume=True, reporter=reporter)
     _tag_child_run(run_dir, values, spec, trial_id)
     reporter.final()  # last: the scheduler may end this process on it
@@ -111,7 +113,8 @@ def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporte
     per_worker = {"CPU": res["cpus"], **({"GPU": res["gpus"]} if res["gpus"] else {})}
     trainer = TorchTrainer(
         _worker_loop,
-        train_loop_config={"base_tree": spec["base_tree"], "values": values, "run_dir": str(run_dir), "queue": queue},
+        train_loop_config={"base_tree": spec["base_tree"], "values": values, "run_dir": str(run_dir), "queue": queue,
+                           "cpus": res["cpus"]},
         scaling_config=ScalingConfig(num_workers=spec["workers"], use_gpu=res["gpus"] > 0,
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=f"{trial_id}", storage_path=str(Path(spec["sweep_dir"]) / "ray_train"),
@@ -141,8 +144,10 @@ def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporte
 def _worker_loop(loop_config: dict) -> None:
     """Runs on every Ray Train worker: the ordinary training run at this worker's rank."""
     from trainer.config import config_from_dict
+    from trainer.runtime import prepare_process
     from trainer.train import run
 
+    prepare_process(cpus=loop_config["cpus"], who="trial worker")  # the CPUs Ray Train reserved for this rank
     queue = loop_config["queue"]
     cfg = config_from_dict(loop_config["base_tree"], loop_config["values"])
     # The trainer calls the reporter on rank 0 only; a put is a small actor call per logged row.

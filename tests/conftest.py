@@ -12,6 +12,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Two xdist workers on two cores: one torch thread each, also in the runs they start in-process (trainer/runtime.py
+# reads this); tests of the thread choice itself start their processes without it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

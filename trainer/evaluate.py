@@ -30,6 +30,7 @@ from data_pipeline.stream import LaneStream
 from models import build_model, map_memory
 from models.config import ConfigError
 from trainer.config import RunConfig, eval_model_config, load_config, override_config
+from trainer.runtime import prepare_process
 
 RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "mem_len", "arch", "step")
 
@@ -124,6 +125,7 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
     mcfg = eval_model_config(cfg)
     check_vocab_size(manifest, mcfg.vocab_size)
 
+    prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
     rank, world_size, device, owned = init_distributed()
     try:
         model = build_model(mcfg)

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, runtime
 
 
 def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
@@ -51,6 +51,7 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
+    runtime.prepare_process(who="train")  # threads that fit this rank's cores; the op cache of this environment
     if cfg.deepspeed.precision == "fp16" and info.device == "cpu":
         from models.config import ConfigError
 
