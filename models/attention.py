@@ -44,8 +44,10 @@ def attend(
     bias_v: Tensor,  # [H, E] position bias
     dropatt: nn.Module,
     per_key_positions: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32.
+    need_lognorm: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32
+    (None when need_lognorm is False: Transformer-XL and RMT discard it, and a plain softmax is cheaper).
 
     per_key_positions: score the position term per (query, key) from gathered encodings instead of per distinct
     distance; for callers with many more distances than keys per query (LaMemo's look-ahead with M > N).
@@ -55,23 +57,31 @@ def attend(
     B, Q, H, E = q.shape
     K = k.shape[1]
     scale = 1.0 / math.sqrt(E)
-    content = torch.einsum("bqhe,bkhe->bhqk", q + bias_u, k)  # [B, H, Q, K]
+    # The scale goes on the queries ([B, Q, H, E]), not on the scores ([B, H, Q, K], larger whenever K > E).
+    content = torch.einsum("bqhe,bkhe->bhqk", (q + bias_u) * scale, k)  # [B, H, Q, K]
+    q_pos = (q + bias_v) * scale
     if per_key_positions:
         # LaMemo's look-ahead with M > N has M distances but W = N keys per query. Scoring every distance would
         # cost Q*P (M^2, which dominates evaluation at M = 10N); taking each query's W position rows first costs
         # Q*K, like the content term.
         r_sel = r_k[pos_index]  # [Q, K, H, E]
-        position = torch.einsum("bqhe,qkhe->bhqk", q + bias_v, r_sel)
+        position = torch.einsum("bqhe,qkhe->bhqk", q_pos, r_sel)
     else:
-        pos_all = torch.einsum("bqhe,phe->bhqp", q + bias_v, r_k)  # [B, H, Q, P]
+        pos_all = torch.einsum("bqhe,phe->bhqp", q_pos, r_k)  # [B, H, Q, P]
         position = pos_all.gather(-1, pos_index.expand(B, H, Q, K))
-    scores = (content + position).float() * scale
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    lognorm = torch.logsumexp(scores, dim=-1)  # [B, H, Q]
-    probs = torch.exp(scores - lognorm[..., None]).to(v.dtype)
-    probs = dropatt(probs)
+    # In place: neither product keeps its output for backward, and the mask's backward needs no input.
+    scores = content.add_(position)
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    scores = scores.masked_fill_(~allowed[:, None], float("-inf"))
+    if need_lognorm:
+        lognorm = torch.logsumexp(scores, dim=-1)  # [B, H, Q]
+        probs = torch.exp(scores - lognorm[..., None])
+    else:
+        lognorm, probs = None, torch.softmax(scores, dim=-1)
+    probs = dropatt(probs.to(v.dtype))
     context = torch.einsum("bhqk,bkhe->bqhe", probs, v)
-    return context, lognorm.transpose(1, 2)
+    return context, (lognorm.transpose(1, 2) if lognorm is not None else None)
 
 
 class RelativeAttention(nn.Module):
