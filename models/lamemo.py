@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .attention import attend, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
-from .output import ModelOutput
+from .output import ModelOutput, cut
 from .txl import reset_valid, roll_valid
 
 
@@ -134,12 +134,12 @@ class LaMemo(Backbone):
                 h_mem, h_cur = out[:, :M], out[:, M:]
             else:  # the last layer's memory output would feed nothing: only its cache is updated
                 h_cur = layer.finish(h_cur, ctx_cur)
-            new_context.append(ctx_all[:, -M:].detach())
-            new_lognorm.append(torch.cat([lognorm_mem, lognorm_cur], dim=1)[:, -M:].detach())
+            new_context.append(cut(ctx_all[:, -M:]))
+            new_lognorm.append(cut(torch.cat([lognorm_mem, lognorm_cur], dim=1)[:, -M:]))
 
         nll, logits = self.predict(h_cur, targets, return_logits)
         new_memory = LaMemoMemory(
-            embed=torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:].detach(),
+            embed=cut(torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:]),
             context=new_context,
             lognorm=new_lognorm,
             valid=roll_valid(valid, N, M),

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import Tensor
 
 
@@ -15,6 +16,13 @@ class ModelOutput:
     logits: Tensor | None  # [B, N, V] log-probabilities when asked for (their cross-entropy equals nll)
     memory: Any  # the state for the next segment (one of the *Memory dataclasses)
     aux_loss: Tensor | None = None  # RMT auxiliary memory loss (already weighted), else None
+
+
+def cut(rows: Tensor) -> Tensor:
+    """Rows kept as memory: cut from the autograd graph and copied into a tensor of their own. A slice would keep
+    its whole source alive (the [B, M + N, D] layer input behind M cached rows; the [B, 2R + N, D] layer output
+    behind RMT's R memory tokens): 2x to 15x the memory state's own bytes (bench/bench_memory.py)."""
+    return rows.detach().clone(memory_format=torch.contiguous_format)
 
 
 def map_memory(fn: Callable[[Tensor], Tensor], memory: Any) -> Any:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .attention import attend, relative_encodings
 from .backbone import Backbone
-from .output import ModelOutput
+from .output import ModelOutput, cut
 from .txl import TXLMemory, reset_valid, roll_valid
 
 # Block of each query row / key column in rmt_allowed.
@@ -46,7 +46,7 @@ class RMTMemory:
 
     def detached(self) -> "RMTMemory":
         """The same state cut from the autograd graph, its transition count back to 0."""
-        return dataclasses.replace(self, tokens=self.tokens.detach(), transitions=0)
+        return dataclasses.replace(self, tokens=cut(self.tokens), transitions=0)
 
 
 def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
@@ -189,7 +189,7 @@ class RecurrentMemoryTransformer(Backbone):
             keys_in = torch.cat([cached, h], dim=1)  # [B, K, D]
             if M:
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
-                new_cache.append(torch.cat([cached, rows], dim=1)[:, -M:].detach())
+                new_cache.append(cut(torch.cat([cached, rows], dim=1)[:, -M:]))
             q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=h.shape[1])
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,

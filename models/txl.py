@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .attention import attend, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
-from .output import ModelOutput
+from .output import ModelOutput, cut
 
 
 @dataclass
@@ -69,7 +69,7 @@ class TransformerXL(Backbone):
         for l, layer in enumerate(self.layers):
             keys_in = torch.cat([memory.hidden[l].to(h.dtype), h], dim=1)  # [B, K, D]
             if M:
-                new_hidden.append(keys_in[:, -M:].detach())
+                new_hidden.append(cut(keys_in[:, -M:]))
             x = layer.attn_input(keys_in)
             q, k, v = layer.attn.project(x, n_query=N)
             context, _ = attend(

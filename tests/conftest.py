@@ -13,8 +13,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Two xdist workers on two cores: one torch thread each, also in the runs they start in-process (trainer/runtime.py
-# reads this); tests of the thread choice itself start their processes without it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# reads this) and in subprocesses (train_support.child_env), so in-process and subprocess runs compute alike
+# whatever the caller's shell says; tests of the thread choice itself start their processes without it.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(autouse=True)
