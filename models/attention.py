@@ -33,6 +33,34 @@ def clamp_distances(distances: Tensor, clamp_len: int) -> Tensor:
     return distances
 
 
+class SoftmaxWithLogNorm(torch.autograd.Function):
+    """softmax(scores) and logsumexp(scores) over the last dim from one exp pass ([..., K] -> [..., K], [...]).
+
+    Computing them separately (logsumexp, then exp(scores - lognorm)) costs two exp passes and a subtraction
+    forward, and their three backward nodes. Backward here: d scores = p * (g_p - sum(g_p * p) + g_lognorm).
+    Every row must hold a finite score (attend's callers guarantee an allowed key per query).
+    """
+
+    @staticmethod
+    def forward(ctx, scores: Tensor) -> tuple[Tensor, Tensor]:
+        peak = scores.amax(dim=-1, keepdim=True)
+        probs = torch.sub(scores, peak).exp_()
+        total = probs.sum(dim=-1, keepdim=True)
+        probs.div_(total)
+        ctx.save_for_backward(probs)
+        return probs, (peak + total.log()).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad_probs: Tensor | None, grad_lognorm: Tensor | None) -> Tensor:
+        (probs,) = ctx.saved_tensors
+        if grad_probs is None:
+            return probs * grad_lognorm[..., None]
+        grad = grad_probs - (grad_probs * probs).sum(dim=-1, keepdim=True)
+        if grad_lognorm is not None:
+            grad = grad.add_(grad_lognorm[..., None])
+        return grad.mul_(probs)
+
+
 def attend(
     q: Tensor,  # [B, Q, H, E]
     k: Tensor,  # [B, K, H, E]
@@ -75,8 +103,7 @@ def attend(
         scores = scores.float()
     scores = scores.masked_fill_(~allowed[:, None], float("-inf"))
     if need_lognorm:
-        lognorm = torch.logsumexp(scores, dim=-1)  # [B, H, Q]
-        probs = torch.exp(scores - lognorm[..., None])
+        probs, lognorm = SoftmaxWithLogNorm.apply(scores)  # [B, H, Q, K], [B, H, Q]
     else:
         lognorm, probs = None, torch.softmax(scores, dim=-1)
     probs = dropatt(probs.to(v.dtype))

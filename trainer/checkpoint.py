@@ -40,13 +40,20 @@ def tag_for(step: int) -> str:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # Dropout masks on a GPU come from the CUDA generators: without them a resumed run drew other masks
+        # from its first step (seen on an H100, bench/README.md's GPU section).
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save(engine, ckpt_dir: Path, step: int, rank: int, rank_state: dict, meta: dict, keep_last: int) -> str:
