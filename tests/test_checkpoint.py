@@ -139,3 +139,22 @@ def test_resume_with_another_bptt_mode_is_refused(data, tmp_path):
     assert "'rmt-window' but this run uses 'rmt-chunk'" in proc.stderr and "model.bptt_mode" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "checkpoints" / "latest").read_text().strip() == "global_step2"
+
+
+def test_rng_state_carries_the_cuda_generators(monkeypatch):
+    """On a GPU dropout draws from the CUDA generators, so a checkpoint must hold them (seen on an H100: a resumed
+    run with dropout 0.1 drew other masks from its first step). No GPU here: torch.cuda is stood in for."""
+    import torch
+
+    from trainer import checkpoint
+
+    saved = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = checkpoint.rng_state()
+    assert state["cuda"] is saved
+    checkpoint.set_rng_state(state)
+    assert restored == [saved]
