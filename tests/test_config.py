@@ -292,6 +292,10 @@ def test_cross_section_checks():
     assert "eval.mem_len=8" in no_memory and "transformer" in no_memory
     lamemo = error_of(load_config, CONFIGS / "tiny_lamemo.yaml", ["eval.mem_len=0"])
     assert "eval.mem_len=0" in lamemo
+    for longer in ("eval.mem_len=80", "eval.mem_mult=10"):  # RMT's mem_len is the cache it was trained without
+        rmt = error_of(load_config, CONFIGS / "tiny_rmt.yaml", [longer])
+        assert "without the Transformer-XL cache" in rmt and "num_mem_tokens" in rmt
+    assert load_config(CONFIGS / "tiny_rmt.yaml", ["model.mem_len=8", "eval.mem_mult=10"]).eval.mem_mult == 10
     ok = load_config(TINY, ["deepspeed.zero_stage=3", "deepspeed.offload_params=true", "deepspeed.offload_optimizer=true"])
     assert ok.deepspeed.offload_params
 

@@ -259,6 +259,11 @@ def _check_across_sections(cfg: RunConfig) -> None:
             f"eval.mem_len={ev.mem_len} and eval.mem_mult={ev.mem_mult} are both set; "
             "set one (eval.mem_len: -1 and eval.mem_mult: 0 mean unset)"
         )
+    if cfg.model.arch == "rmt" and cfg.model.mem_len == 0 and (ev.mem_len > 0 or ev.mem_mult > 0):
+        # For RMT, mem_len is the Transformer-XL cache: a run trained without one never learned to read it.
+        raise ConfigError("this RMT run was trained without the Transformer-XL cache (model.mem_len: 0), so "
+                          "--mem-len/--mem-mult would add a cache it never learned; its memory is "
+                          "model.num_mem_tokens memory tokens: evaluate without --mem-len/--mem-mult")
     try:
         eval_model_config(cfg).validate()
     except ConfigError as exc:
