@@ -80,27 +80,6 @@ class AdaptiveEmbedding(nn.Module):
         return out.view(*tokens.shape, self.d_proj) * self.scale
 
 
-class TargetLogProb(torch.autograd.Function):
-    """log_softmax(logits)[t, index[t]] for logits [T, C] and index [T], without writing the [T, C] log-probs.
-
-    Forward: one logsumexp and a gather. Backward: softmax - one-hot, scaled by the incoming gradient, in one
-    buffer. torch's log_softmax + gather writes the log-probs, then zero-fills and scatters a [T, C] gradient for
-    the gather and reads both back in log_softmax's backward: the softmax head's largest cost on CPU.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:
-        lognorm = torch.logsumexp(logits, dim=-1)  # [T]
-        ctx.save_for_backward(logits, lognorm, index)
-        return logits.gather(1, index[:, None]).squeeze(1) - lognorm
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        logits, lognorm, index = ctx.saved_tensors
-        grad_logits = torch.sub(logits, lognorm[:, None]).exp_().mul_(-grad[:, None])  # -softmax x grad
-        return grad_logits.scatter_add_(1, index[:, None], grad[:, None]), None
-
-
 class AdaptiveLogSoftmax(nn.Module):
     """hidden [B, N, D] -> per-token NLL [B, N] (0 where target is -100) and, when asked, log-probs [B, N, V].
 
@@ -161,50 +140,42 @@ class AdaptiveLogSoftmax(nn.Module):
         return head_input if self.div_val == 1 else self._project_in(hidden, i)
 
     def _head_logprobs(self, head_input: Tensor) -> Tensor:
-        """[T, w_0] -> [T, shortlist + C - 1] log-probs: shortlist tokens, then one per tail cluster."""
-        return F.log_softmax(self._head_logits(head_input), dim=-1)
+        """[T, w_0] -> [T, shortlist + C - 1]: shortlist tokens, then one logit per tail cluster."""
+        logits = self._cluster_logits(head_input, 0)
+        if self.n_clusters > 1:
+            logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
+        return F.log_softmax(logits.float(), dim=-1)
 
     def forward(self, hidden: Tensor, targets: Tensor | None, want_logprobs: bool) -> tuple[Tensor | None, Tensor | None]:
         B, N, D = hidden.shape
         flat = hidden.reshape(B * N, D)
         head_input = self._project_in(flat, 0)
-        if not want_logprobs:
-            if targets is None:
-                return None, None
-            tgt = targets.reshape(-1)
-            return self._target_nll(flat, head_input, tgt).masked_fill(tgt < 0, 0.0).view(B, N), None
         head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
-        logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size)
+        logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
             return None, logprobs
         tgt = targets.reshape(-1)
-        nll = -logprobs.view(B * N, -1).gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
+        if logprobs is not None:
+            nll = -logprobs.view(B * N, -1).gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
+        else:
+            nll = self._target_nll(flat, head_input, head, tgt)
         return nll.masked_fill(tgt < 0, 0.0).view(B, N), logprobs
 
-    def _head_logits(self, head_input: Tensor) -> Tensor:
-        """[T, w_0] -> [T, shortlist + C - 1] fp32: shortlist tokens, then one logit per tail cluster."""
-        logits = self._cluster_logits(head_input, 0)
-        if self.n_clusters > 1:
-            logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
-        return logits.float()
-
-    def _target_nll(self, flat: Tensor, head_input: Tensor, tgt: Tensor) -> Tensor:
-        """-log p(target) per position [T]. The head scores each target's own column (its token, or its tail
-        cluster's logit); a tail cluster is evaluated only on the positions whose target it holds."""
+    def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
+        """Only the clusters that hold a target are evaluated, and only on those positions."""
         safe = tgt.clamp(min=0)
-        column = safe.clone()
-        for i in range(1, self.n_clusters):
-            lo, hi = self.bounds[i]
-            column = torch.where((safe >= lo) & (safe < hi), self.shortlist + i - 1, column)
-        nll = -TargetLogProb.apply(self._head_logits(head_input), column)
+        in_head = safe < self.shortlist
+        nll = -head.gather(1, torch.where(in_head, safe, 0)[:, None]).squeeze(1)
+        nll = torch.where(in_head, nll, torch.zeros_like(nll))
         for i in range(1, self.n_clusters):
             lo, hi = self.bounds[i]
             idx = ((safe >= lo) & (safe < hi)).nonzero(as_tuple=True)[0]
             if not idx.numel():
                 continue
             tail_input = self._tail_input(flat[idx], head_input[idx], i)
-            tok = TargetLogProb.apply(self._cluster_logits(tail_input, i).float(), safe[idx] - lo)
-            nll = nll.index_put((idx,), nll[idx] - tok)
+            tail = F.log_softmax(self._cluster_logits(tail_input, i).float(), dim=-1)
+            tok = tail.gather(1, (safe[idx] - lo)[:, None]).squeeze(1)
+            nll = nll.index_put((idx,), -(head[idx, self.shortlist + i - 1] + tok))
         return nll
 
     def _full_logprobs(self, flat: Tensor, head_input: Tensor, head: Tensor) -> Tensor:
