@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -197,6 +198,13 @@ def _scheduler(sweep: Sweep):
 # -- results ---------------------------------------------------------------------------------------------------
 
 
+def best_row(rows: list[dict], metric: str, mode: str) -> dict | None:
+    """The trial row with the best finite `metric` (min or max), or None: a NaN or inf is never a best."""
+    scored = [r for r in rows if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+    pick = min if mode == "min" else max
+    return pick(scored, key=lambda r: r[metric]) if scored else None
+
+
 def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> int:
     metric, keys = sweep.file.metric, [d.key for d in sweep.space]
     rows = [_trial_row(t, sweep_dir, metric, keys) for t in sorted(trials, key=lambda t: t.trial_id)]
@@ -208,9 +216,7 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> i
     parent.settle_children(rows)
     columns = ["trial_id", "status", *keys, "step", metric, "failures", "mlflow_run_id", "run_dir"]
     (sweep_dir / "trials.csv").write_text(trials_csv(rows, columns))
-    scored = [r for r in rows if isinstance(r.get(metric), (int, float))]
-    pick = min if sweep.file.mode == "min" else max
-    best = pick(scored, key=lambda r: r[metric]) if scored else None
+    best = best_row(rows, metric, sweep.file.mode)
     unfinished = [r for r in rows if r["status"] not in ("TERMINATED", "ERROR", STOPPED)]
     errored = [r for r in rows if r["status"] == "ERROR"]
     print(markdown_table(rows, columns[:-2]), flush=True)

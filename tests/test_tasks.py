@@ -147,3 +147,32 @@ def test_prepare_task_writes_masked_shards(tmp_path):
     assert all(d["mask"] is not None and int(d["mask"].sum()) == 80 for d in docs)
     text = bytes(docs[0]["tokens"]).decode()
     assert text[41:] == text[:40] * 2
+
+
+def test_evaluation_that_scores_no_token_is_an_error_not_a_nan(tmp_path):
+    """Copy-task answers start after the prompt: one batch of 8-token segments scores nothing. That is an error
+    naming the split and train.eval_batches, never a NaN result; the whole split does score."""
+    from data_pipeline.format import DataError
+    from data_pipeline.prepare import prepare
+    from models import ModelConfig, build_model
+    from trainer.evaluate import evaluate
+
+    prepare("task", None, tmp_path / "copy", task="copy", task_options={"docs": "20,4,4", "length": 24},
+            workers=1, progress=False)
+    model = build_model(ModelConfig(arch="txl", n_layer=1, n_head=2, d_model=16, d_head=8, d_inner=32, vocab_size=256,
+                                    tgt_len=8, mem_len=8))
+    with pytest.raises(DataError, match=r"split 'valid'.*train\.eval_batches"):
+        evaluate(model, tmp_path / "copy", "valid", lanes=2, seg_len=8, max_batches=1)
+    whole = evaluate(model, tmp_path / "copy", "valid", lanes=2, seg_len=8)
+    assert whole["tokens"] == 4 * 48 and whole["nll"] == whole["nll"]  # every answer token, a real number
+
+
+def test_a_nan_trial_is_never_the_best():
+    from cluster.sweep import best_row
+
+    rows = [{"trial_id": "a", "valid_ppl": float("nan")}, {"trial_id": "b", "valid_ppl": 30.0},
+            {"trial_id": "c", "valid_ppl": float("inf")}, {"trial_id": "d", "valid_ppl": None},
+            {"trial_id": "e", "valid_ppl": 12.5}]
+    assert best_row(rows, "valid_ppl", "min")["trial_id"] == "e"
+    assert best_row(rows, "valid_ppl", "max")["trial_id"] == "b"
+    assert best_row(rows[:1] + rows[2:4], "valid_ppl", "min") is None

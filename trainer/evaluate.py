@@ -82,6 +82,13 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
 
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     nll_total, n_tokens, n_docs = (float(x) for x in totals.cpu())
+    if n_tokens == 0:  # every rank holds the same totals, so every rank raises: collective-safe
+        if max_batches:
+            raise DataError(f"evaluating split {split!r}: {max_batches} batch(es) of {lanes} lanes x {seg_len} tokens "
+                            "scored no target (tasks score their answer tokens only); raise train.eval_batches "
+                            "(0 reads the whole split)")
+        raise DataError(f"evaluating split {split!r} of {data_dir}: it holds no scored target token; prepare it "
+                        "again or evaluate another split")
     return summarize(split, nll_total, int(n_tokens), int(n_docs), cfg.tgt_len, cfg.mem_len, cfg.arch)
 
 
