@@ -57,7 +57,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 MiB = 2**20
 
@@ -91,16 +93,6 @@ def overrides(data: Path, arch: str, mem_len: int, **extra) -> dict:
     }
     base.update(extra)
     return base
-
-
-def prepare_corpus(work: Path) -> Path:
-    from data_pipeline.prepare import prepare
-
-    if not (WIKITEXT / "wiki.train.tokens").is_file():
-        sys.exit(f"bench_memory: WikiText-2 not found at {WIKITEXT}")
-    out = work / "wt2-bpe8k"
-    prepare("wikitext", WIKITEXT, out, tokenizer="spm-bpe", vocab_size=V, workers=2, progress=False)
-    return out
 
 
 def child_env() -> dict:

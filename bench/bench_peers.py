@@ -294,15 +294,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+    from trainer.runtime import cpu_model  # stdlib only: importable in the bench venv
 
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -> str:

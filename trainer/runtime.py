@@ -97,7 +97,7 @@ def extension_cache_dir(versions: dict[str, str] | None = None) -> Path:
     """The op cache for this environment: ~/.cache/memlm/torch_extensions/<python-torch-deepspeed-cpu key>."""
     versions = versions or environment_versions()
     key = "-".join(f"{name}{versions[name]}" for name in sorted(versions))
-    digest = hashlib.sha256(f"{key}|{_cpu_model()}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{key}|{cpu_model()}".encode()).hexdigest()[:12]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "memlm" / "torch_extensions" / f"{platform.machine()}-{digest}"
 
@@ -115,7 +115,8 @@ def environment_versions() -> dict[str, str]:
     return versions
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
