@@ -63,7 +63,7 @@ class Runner:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.recurrence.advance()
-        return time.perf_counter() - t0, mb.inputs, mb.nll / max(mb.count, 1)
+        return time.perf_counter() - t0, mb.inputs, float(mb.nll) / max(mb.count, 1)
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ class RecurrenceStateError(ValueError):
 @dataclass
 class MicroBatch:
     loss: Tensor  # scalar in the graph: what engine.backward gets
-    nll: float  # summed NLL over the new segments' scored targets
+    nll: Tensor  # summed NLL over the new segments' scored targets (detached; read it after the step, no sync)
     count: int  # those targets
     inputs: int  # new input tokens (B x N per new segment)
 
@@ -128,7 +128,7 @@ class SegmentRecurrence(_Recurrence):
         nll, count = _segment_figures(out, targets)
         self._next = out.memory
         loss = nll / max(count, 1) + _aux_mean([out])
-        return MicroBatch(loss, float(nll.detach()), count, tokens.numel())
+        return MicroBatch(loss, nll.detach(), count, tokens.numel())
 
     def advance(self) -> None:
         """After the backward: carry the memory on, cut from this micro-batch's graph."""
@@ -156,7 +156,7 @@ class ChunkBPTT(_Recurrence):
             memory = out.memory
         self._next = memory
         loss = nll / max(count, 1) + _aux_mean(outs)
-        return MicroBatch(loss, float(nll.detach()), count, inputs)
+        return MicroBatch(loss, nll.detach(), count, inputs)
 
     def advance(self) -> None:
         self.memory, self._next = _detached(self._next), None
@@ -196,7 +196,7 @@ class WindowBPTT(_Recurrence):
         self._next = (Segment(tokens, targets, reset, self.memory.cache), out.memory,
                       after_replay[0] if after_replay else out.memory)
         loss = nll / max(count, 1) + _aux_mean(scored)
-        return MicroBatch(loss, float(new_nll.detach()), new_count, tokens.numel())
+        return MicroBatch(loss, new_nll.detach(), new_count, tokens.numel())
 
     def advance(self) -> None:
         """Slide the window by the segment just read, keeping at most k segments."""

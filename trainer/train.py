@@ -189,7 +189,7 @@ class Trainer:
             self.stage0_grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
         self.engine.step()
         self.recurrence.advance()
-        return batch.nll, batch.count, batch.inputs
+        return float(batch.nll), batch.count, batch.inputs
 
     def _train_step(self) -> dict:
         import torch
