@@ -136,6 +136,9 @@ def _run_train(args: argparse.Namespace) -> int:
     from trainer.train import run
 
     run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at)
+    from trainer.distributed import shutdown
+
+    shutdown()  # only after a finished run: a failing rank must not wait in a collective teardown
     return 0
 
 
