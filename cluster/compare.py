@@ -5,13 +5,14 @@
 
 Writes DIR/table.md, DIR/table.csv, DIR/loss.png (training loss against step) and DIR/valid_ppl.png (when any run
 validated), prints the Markdown table on stdout (the file list goes to stderr, so `> table.md` works), and logs the
-same files to MLflow as artifacts of a new run tagged kind=comparison in the same experiment.
+same files to MLflow as artifacts of a new run tagged kind=comparison in the experiment NAME-comparisons: in the
+MLflow UI, NAME's runs table then holds its training runs only.
 
 Why a new comparison run per call rather than one reused run: a comparison is a snapshot of an experiment whose
 runs keep training and arriving; a fresh run keeps each snapshot intact with its time, while overwriting the
-artifacts of one run is not possible on every artifact store (and would lose the older table). Comparison runs are
-never rows of a later comparison (compare_runs skips them), and the table is also the run's description, so the
-MLflow UI shows it on the run page.
+artifacts of one run is not possible on every artifact store (and would lose the older table). Comparison runs
+written into NAME itself by older versions are never rows (compare_runs skips them), and the table is also the
+run's description, so the MLflow UI shows it on the run page.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .compare_table import build_row, sort_rows, to_csv, to_markdown
 from .errors import ClusterError
 
 MAX_PARAM = 6000  # MLflow's limit on a param value's length
+COMPARISONS_SUFFIX = "-comparisons"  # the snapshots' experiment: the compared one's name plus this
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,8 +43,8 @@ def main(args: argparse.Namespace) -> int:
         raise ClusterError(f"--out {out} is a file; pass a folder (it is created when missing)")
     files, markdown = write_comparison(found, out)
     sys.stdout.write(markdown)
-    run_id = log_comparison(client, found, files, markdown)
-    logged = f"; logged to MLflow run {run_id} in {args.experiment!r}" if run_id else ""
+    run_id = log_comparison(client, uri, found, files, markdown)
+    logged = f"; logged to MLflow run {run_id} in {comparison_experiment(args.experiment)!r}" if run_id else ""
     print(f"wrote {', '.join(str(f) for f in files)}{logged}", file=sys.stderr)
     return 0
 
@@ -70,8 +72,14 @@ def write_comparison(found: ExperimentRuns, out: Path) -> tuple[list[Path], str]
     return files, markdown
 
 
-def log_comparison(client: Any, found: ExperimentRuns, files: list[Path], markdown: str) -> str:
-    """A new run (kind=comparison) holding the files; its id, or "" with a warning when the store refuses."""
+def comparison_experiment(name: str) -> str:
+    """Where snapshots of experiment NAME go: beside it, never among its training runs."""
+    return f"{name}{COMPARISONS_SUFFIX}"
+
+
+def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Path], markdown: str) -> str:
+    """A new run (kind=comparison) in experiment NAME-comparisons holding the files; its id, or "" with a warning
+    when the store refuses."""
     from mlflow.entities import Param, RunTag
 
     tags = {key: COMPARISON_KIND for key in KIND_TAGS}  # both conventions in use, so every reader skips it
@@ -80,7 +88,13 @@ def log_comparison(client: Any, found: ExperimentRuns, files: list[Path], markdo
     params = {"runs": str(len(found.runs)), "run_ids": run_ids if len(run_ids) <= MAX_PARAM else "(too many)"}
     run_id = ""
     try:
-        run = client.create_run(found.experiment_id, run_name=f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+        from trainer.config import TrackingConfig
+        from trainer.tracking import ensure_experiment
+
+        experiment_id = ensure_experiment(TrackingConfig(experiment=comparison_experiment(found.name), uri=uri),
+                                          client)
+        tags["memlm.compared_experiment"] = found.name
+        run = client.create_run(experiment_id, run_name=f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
         run_id = run.info.run_id
         client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
                          tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)

@@ -37,7 +37,7 @@ class Row:
     flops_per_token: Optional[float]  # forward FLOPs per predicted token
     dev_ppl: Optional[float]  # the latest valid_ppl (training's validation or `memlm eval --split valid`)
     test_ppl: Optional[float]  # test_ppl from `memlm eval --split test`
-    dev_bpc: Optional[float]
+    dev_bpc: Optional[float]  # bits per character: byte-level data only (blank for words or subword pieces)
     test_bpc: Optional[float]
     tokens_per_s: Optional[float]  # median over the logged steps: robust to the slow first steps and to stalls
     steps: Optional[int]  # last logged training step
@@ -79,8 +79,9 @@ def build_row(record: RunRecord) -> Row:
     speeds = [value for _, value in record.histories.get("tokens_per_s", [])]
     row = Row(run=record.name, run_id=record.run_id, arch=record.params.get("model.arch", ""),
               status=record.status, params=None, mem_len=None, mem_tokens=None, flops_per_token=None,
-              dev_ppl=m.get("valid_ppl"), test_ppl=m.get("test_ppl"), dev_bpc=m.get("valid_bpc"),
-              test_bpc=m.get("test_bpc"), tokens_per_s=statistics.median(speeds) if speeds else None,
+              dev_ppl=m.get("valid_ppl"), test_ppl=m.get("test_ppl"),
+              dev_bpc=m.get("valid_bpc") if byte_level(record) else None,
+              test_bpc=m.get("test_bpc") if byte_level(record) else None, tokens_per_s=statistics.median(speeds) if speeds else None,
               steps=loss[-1][0] if loss else None,
               tokens=int(m["tokens"]) if m.get("tokens") is not None else None)
     try:
@@ -92,6 +93,17 @@ def build_row(record: RunRecord) -> Row:
     row.mem_tokens = cfg.num_mem_tokens if cfg.arch == "rmt" else 0
     row.flops_per_token = flops_per_token(cfg)["total"]
     return row
+
+
+def byte_level(record: RunRecord) -> bool:
+    """Whether a token of the run is one byte, so that bits per token are bits per character. From the run's
+    `tokenizer` tag (the Tracker sets it), else from the manifest at its logged data.path where that is readable."""
+    kind = record.tags.get("tokenizer")
+    if not kind or kind == "unknown":
+        from trainer.tracking import tokenizer_kind
+
+        kind = tokenizer_kind(record.params.get("data.path", ""))
+    return kind == "bytes"
 
 
 def sort_rows(rows: list[Row]) -> list[Row]:

@@ -1,6 +1,7 @@
-"""`memlm extrapolate RUN_DIR [RUN_DIR ...] --mult 1-10 --tgt-len 64`: the LaMemo paper's Figure 5.
+"""`memlm extrapolate RUN_DIR [RUN_DIR ...] --mult 1-10 [--tgt-len N]`: the LaMemo paper's Figure 5.
 
-For every run folder and every m, one Ray task evaluates the split with target length N and memory m x N
+For every run folder and every m, one Ray task evaluates the split with target length N (default: the length the
+runs were trained with) and memory m x N
 (trainer.evaluate.evaluate_run, one process, no process group). Results go to OUT/<run>/<split>-tgt<N>-m<m>.json
 as they arrive, then to OUT/summary.json, OUT/extrapolation.csv, the plot OUT/extrapolation.png and MLflow (one
 run per RUN_DIR, metric extrapolate_ppl at step m). A rerun reuses every result of the same checkpoint already in
@@ -26,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.progress import format_duration
+
 from .errors import ClusterError
-from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs
+from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
 
 DEFAULT_OUT = "extrapolation"
 # Errors worth another attempt: I/O hiccups on a shared filesystem, a runtime failure of torch (allocation on a
@@ -37,8 +40,13 @@ RETRY_EXCEPTIONS = [OSError, RuntimeError, MemoryError]
 
 
 def main(args: argparse.Namespace) -> int:
+    from .ray_runtime import quiet_console_env
+
+    quiet_console_env()  # before anything imports ray
     _check_flags(args)
     mults = parse_mult(args.mult)
+    if args.tgt_len is None:  # the runs' own N: a model trained at N = 8 is extrapolated at N = 8
+        args.tgt_len = trained_tgt_len(args.run_dirs)
     runs = check_runs(args.run_dirs, args.split, args.tgt_len, mults)
     out = Path(args.out or DEFAULT_OUT).resolve()
     jobs, results = plan_jobs(runs, mults, args.tgt_len, args.split, out)
@@ -93,6 +101,7 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
                 args.cpus_per_task)
             pending[ref] = job
         start = time.perf_counter()
+        tokens = 0
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -109,9 +118,13 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
                     results[key] = _keep(job, reply["result"])
                     seconds[key] = reply["seconds"]
                     done = len(results) + len(failures)
-                    print(f"[{done}/{len(jobs)} {time.perf_counter() - start:6.1f} s] {job.run.name} m={job.m} "
+                    elapsed = time.perf_counter() - start
+                    tokens += int(reply["result"].get("tokens", 0))
+                    # Tasks run side by side, so the ETA is the mean wall time per finished task so far.
+                    eta = format_duration(elapsed / done * (len(jobs) - done))
+                    print(f"[{done}/{len(jobs)} {elapsed:6.1f} s, eta {eta}] {job.run.name} m={job.m} "
                           f"(memory {job.mem_len}): {args.split} ppl {results[key]['ppl']:.4g} "
-                          f"in {reply['seconds']:.1f} s", flush=True)
+                          f"in {reply['seconds']:.1f} s; {tokens:,} tokens evaluated", flush=True)
         except BaseException:
             # Ctrl-C (or a driver error): do not leave tasks running on a cluster we do not own.
             for ref in pending:

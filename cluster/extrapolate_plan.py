@@ -60,6 +60,22 @@ class Job:
     json_path: Path
 
 
+def trained_tgt_len(run_dirs: list[str]) -> int:
+    """The target length the runs were trained with: --tgt-len's default. Runs trained with different lengths
+    have no common default (the plot and table are at one N): a ClusterError asks for --tgt-len."""
+    from trainer.evaluate import resolve_eval_config
+
+    lengths: dict[str, int] = {}
+    for run_dir in run_dirs:
+        cfg = resolve_eval_config(Path(run_dir), "test", None, None, None, None, None)  # names a missing folder
+        lengths[run_dir] = cfg.model.tgt_len
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{d}: {n}" for d, n in lengths.items())
+        raise ClusterError(f"the runs were trained with different target lengths ({listed}); pass --tgt-len N "
+                           "to evaluate them all at one N")
+    return next(iter(lengths.values()))
+
+
 def check_runs(run_dirs: list[str], split: str, tgt_len: int, mults: list[int]) -> list[RunSpec]:
     """Every RUN_DIR resolved and validated at every m the way `memlm eval` would, or the first error."""
     from data_pipeline.format import DataError

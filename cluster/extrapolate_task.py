@@ -44,6 +44,6 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
     # track=False: the driver logs every result to MLflow in one batch per run; parallel tasks writing to the
     # training runs' (often SQLite) store would only contend for its lock.
     result = evaluate_run(run_dir, split=split, tgt_len=tgt_len, mem_len=mem_len, lanes=lanes, json_path=json_path,
-                          track=False)
+                          track=False, progress=False)  # the driver shows the tasks' progress
     return {"result": result, "seconds": time.perf_counter() - start, "host": socket.gethostname(),
             "pid": os.getpid()}

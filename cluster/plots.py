@@ -8,6 +8,7 @@ depend on, and figures made this way are freed with the object (no plt.close boo
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,22 +45,54 @@ def plot_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | o
 
     curves: label -> [(step, value), ...]. Writes nothing and returns None when no run has a point.
     """
+    fig = draw_curves(curves, ylabel=ylabel, title=title, log_y=log_y)
+    return None if fig is None else _save_png(fig, path)
+
+
+def draw_curves(curves: Mapping[str, Sequence[tuple[int, float]]], *, ylabel: str, title: str,
+                log_y: bool = False):
+    """The Figure of plot_curves. When no run has more than two points (validated once or twice, as short runs
+    and the demo are) a line per run would be one dot each: a bar per run with its latest value is drawn
+    instead, labelled with the run names and the values. A log y axis is used only where the values span at
+    least a factor of ten (less than a decade would get no labelled tick but "1.4x10^1" style minor labels), and
+    its ticks read as plain numbers."""
     curves = {label: points for label, points in curves.items() if points}
     if not curves:
         return None
+    values = [v for points in curves.values() for _, v in points]
+    finite = [v for v in values if math.isfinite(v)]
     fig, ax = _axes((7.0, 4.2), 110)
+    if all(len(points) <= 2 for points in curves.values()):
+        labels = list(curves)
+        latest = [curves[label][-1] for label in labels]
+        bars = ax.bar(range(len(labels)), [v for _, v in latest], color=[f"C{i % 10}" for i in range(len(labels))])
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=20 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
+                           fontsize="small")
+        ax.bar_label(bars, labels=[f"{v:.4g}\n(step {step:,})" for step, v in latest], fontsize="small")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if finite:
+            ax.set_ylim(0, max(finite) * 1.2)  # room for the value labels
+        ax.grid(True, axis="y", alpha=0.3)
+        return fig
     for label, points in curves.items():
-        steps, values = zip(*points)
+        steps, ys = zip(*points)
         # Markers only where a curve has a few points (validation every k steps), so it stays visible.
-        ax.plot(steps, values, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
+        ax.plot(steps, ys, label=label, marker="o" if len(points) <= 20 else None, markersize=3)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if log_y and all(v > 0 for points in curves.values() for _, v in points):
+    positive = [v for v in finite if v > 0]
+    if log_y and positive and len(positive) == len(values) and max(positive) >= 10 * min(positive):
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    return _save_png(fig, path)
+    return fig
 
 
 def _axes(size: tuple[float, float], dpi: int):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 from .errors import ClusterError
@@ -33,7 +34,19 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
+    # A worker's output reaches the driver's console prefixed by Ray: training's per-step lines and evaluation
+    # progress from every trial or task would bury the driver's own one line per trial / task (trainer.progress).
+    "MEMLM_PROGRESS": "0",
 }
+
+
+def quiet_console_env() -> None:
+    """Output to a file or pipe: no colour codes around Ray's worker prefixes, and no green "[repeated Nx across
+    cluster]" notes (escape sequences in a log). Ray reads RAY_DEDUP_LOGS when it is imported, so the commands
+    call this first thing."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def worker_env() -> dict[str, str]:
@@ -53,7 +66,9 @@ def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int
     join an existing cluster (remote addresses are the user's explicit choice).
     """
     for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+        if key != "MEMLM_PROGRESS":  # the workers' setting, not the driver's
+            os.environ.setdefault(key, value)
+    quiet_console_env()
     import ray
 
     if ray.is_initialized():
@@ -89,6 +104,7 @@ def clear_launch_env() -> None:
 def ray_session(address: str | None = None, num_cpus: int | None = None,
                 num_gpus: int | None = None) -> Iterator[None]:
     """Ray for the duration of the block; shut down afterwards only if this block started it."""
+    quiet_console_env()
     import ray
 
     started = start(address, num_cpus, num_gpus)

@@ -17,6 +17,7 @@ Order of work, and why:
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import math
 import shutil
@@ -37,6 +38,9 @@ STOPPED = "STOPPED"  # our status for a trial the scheduler (ASHA) ended early
 
 
 def main(args: argparse.Namespace) -> int:
+    from .ray_runtime import quiet_console_env
+
+    quiet_console_env()  # before anything imports ray
     sweep = load_sweep(args.sweep, args.overrides, args.num_samples)
     sweep_dir = Path(args.out or Path("sweeps") / sweep.name).resolve()
     experiment, uri = _pin_paths(sweep)
@@ -45,6 +49,11 @@ def main(args: argparse.Namespace) -> int:
     if sweep.path != (sweep_dir / "sweep.yaml").resolve():  # kept beside the results, logged to the parent run
         shutil.copyfile(sweep.path, sweep_dir / "sweep.yaml")
 
+    import mlflow  # noqa: F401 - imported first: it sets up its loggers, which route_library_loggers then adjusts
+
+    from trainer.quiet import route_library_loggers
+
+    route_library_loggers(sweep_dir)  # MLflow's database INFO lines to SWEEP_DIR/library.log, not the console
     parent = ParentRun(experiment, uri, sweep_dir)
     parent_id = parent.open(sweep.name, _parent_params(sweep))
     print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {sweep.base_path.name} in {sweep_dir}", flush=True)
@@ -67,9 +76,10 @@ def _pin_paths(sweep: Sweep) -> tuple[str, str]:
 
     cfg = sweep.trial_config({d.key: d.candidates()[0] for d in sweep.space})
     pinned: dict[str, Any] = {}
-    if cfg.data.path:
-        pinned["data.path"] = str(Path(cfg.data.path).resolve())
-        load_manifest(pinned["data.path"])  # a wrong data path fails here (one line), not in every trial
+    if not cfg.data.path:
+        load_manifest("")  # unset: one line naming data.path, not a failure in every trial
+    pinned["data.path"] = str(Path(cfg.data.path).resolve())
+    load_manifest(pinned["data.path"])  # a wrong data path fails here (one line), not in every trial
     experiment = sweep.file.experiment or cfg.tracking.experiment
     uri = TrackingConfig(uri=sweep.file.tracking_uri or cfg.tracking.uri).resolved_uri()
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative to this folder
@@ -141,6 +151,9 @@ def _run_tune(sweep: Sweep, sweep_dir: Path, parent_id: str, uri: str, resuming:
         resources = {"cpu": f.resources.cpus, "gpu": f.resources.gpus}
     trainable = tune.with_resources(tune.with_parameters(trial_fn, spec=spec), resources)
     path = sweep_dir / TUNE_DIR
+    # Tune's newer output engine prints a boxed configuration table and a TensorBoard hint whatever `verbose`
+    # says; the classic one honours verbose=0, and sweep_progress.Progress prints our one line per trial event.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resuming:
         print(f"memlm sweep: resuming {path}: finished trials are kept, the others continue from their checkpoints",
               flush=True)

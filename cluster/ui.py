@@ -8,6 +8,8 @@ The UI is `mlflow server` as a child process (its own session, so the whole proc
   the server then starts in ~13 s instead of ~20 s and 1.5 GB (DESIGN §9); telemetry off;
 - for a SQLite store, artifacts are served from the `mlartifacts` folder beside the database, where
   trainer.tracking.ensure_experiment puts every experiment's artifacts.
+Once it answers, each experiment's runs table is printed as a link (experiments memlm creates carry the
+`mlflow.experimentKind` tag that makes the UI open them on their runs, not on the GenAI Traces tab).
 Ctrl-C or SIGTERM stops the server and everything it started (SIGTERM to its process group, SIGKILL after a grace
 period), so no orphan server keeps the port.
 """
@@ -38,8 +40,9 @@ SERVER_ENV = {
 }
 
 
-class _Stop(Exception):
-    """Raised in the main thread by our SIGINT/SIGTERM handler."""
+class _Stop(BaseException):
+    """Raised in the main thread by our SIGINT/SIGTERM handler. A BaseException, like KeyboardInterrupt: no
+    `except Exception` on the way (say, around the experiment links) may swallow a stop request."""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -62,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
                                 start_new_session=True)
         wait_until_ready(proc, url)
         print(f"MLflow UI at {url} (store {store}); Ctrl-C stops it", flush=True)
+        for line in experiment_links(store, url):
+            print(line, flush=True)
         rc = proc.wait()
         raise ClusterError(f"the MLflow server exited on its own with status {rc} (its messages are above)")
     except _Stop:
@@ -98,6 +103,25 @@ def server_command(store: str, host: str, port: int) -> list[str]:
     if store.startswith("sqlite:///"):
         cmd += ["--artifacts-destination", (Path(store[len("sqlite:///"):]).parent / "mlartifacts").as_uri()]
     return cmd
+
+
+def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
+    """One line per experiment of the store with runs: its name and the address of its runs table, newest first.
+
+    The UI's home page lists experiments, and an experiment without the `mlflow.experimentKind` tag (one made by
+    an older memlm or by hand) opens on the GenAI Traces tab; these links open the training runs directly."""
+    try:
+        from mlflow import MlflowClient
+
+        experiments = MlflowClient(tracking_uri=store).search_experiments(max_results=limit + 1,
+                                                                        order_by=["last_update_time DESC"])
+    except Exception:  # noqa: BLE001 - the links are a convenience; the UI itself is up
+        return []
+    lines = [f"  {e.name}: {url}/#/experiments/{e.experiment_id}/runs" for e in experiments[:limit]
+             if not (e.name == "Default" and e.experiment_id == "0")]
+    if len(experiments) > limit:
+        lines.append(f"  ... and more: {url}")
+    return lines
 
 
 def is_loopback(host: str) -> bool:

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from data_pipeline.format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
 from data_pipeline.shards import DEFAULT_SHARD_TOKENS, write_split
@@ -43,7 +42,7 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
 
     tokenizer: word | bytes | spm-unigram | spm-bpe (default: bytes for enwik8/text8/task, else word), trained on
     the train split; or tokenizer_from: an existing tokenizer folder (e.g. another DATA_DIR/tokenizer) to reuse.
-    progress: None shows the bar when stderr is a terminal.
+    progress: None shows a bar on a terminal, else a progress line every 15 s on stderr; False shows nothing.
     """
     out = Path(out)
     tokenizer = _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_from)
@@ -187,7 +186,8 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
 
     options = resolve_options(task, task_options)
     tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
-    splits = {split: _write(tmp, split, task_documents(task, split, options), tok.vocab_size, shard_tokens, progress)
+    splits = {split: _write(tmp, split, task_documents(task, split, options), tok.vocab_size, shard_tokens, progress,
+                            total=options["docs"][split])
               for split in SPLITS}
     return _manifest({"kind": "task", "input": None, "task": task, "options": options}, tok, splits)
 
@@ -195,15 +195,25 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
 # ---------------------------------------------------------------- shared
 
 
-def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_tokens: int, progress) -> dict:
+def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_tokens: int, progress,
+           total: int | None = None) -> dict:
+    """One split to shards, with progress (documents and tokens done; an ETA when `total` documents is known):
+    a bar on a terminal, else a line every 15 s on stderr; progress=False shows nothing."""
+    from trainer.progress import Meter, is_terminal
+
     start = time.perf_counter()
-    bar = tqdm(documents, desc=f"prepare {split}", unit="doc", file=sys.stderr,
-               disable=None if progress is None else not progress)
+    meter = Meter(f"prepare {split}", total=total, unit="doc", enabled=progress is not False)
+
+    def counted(items):
+        for item in items:
+            meter.update(1, tokens=len(item[0]))
+            yield item
+
     try:
-        entry = write_split(tmp, split, bar, vocab_size, shard_tokens)
+        entry = write_split(tmp, split, counted(documents), vocab_size, shard_tokens)
     finally:
-        bar.close()
-    if progress or (progress is None and sys.stderr.isatty()):
+        meter.close(summary=False)  # the command prints every split's totals at the end
+    if progress or (progress is None and is_terminal(sys.stderr)):
         print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
               f"{len(entry['shards'])} shard(s) in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return entry

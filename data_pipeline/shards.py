@@ -244,6 +244,9 @@ def _decode_sample(path: Path, sample: dict) -> dict:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """manifest.json of a prepared DATA_DIR, with its format checked (no shard is read)."""
+    if not str(data_dir).strip():  # an unset data.path: Path("") would name the working folder without saying so
+        raise DataError("data.path is not set: prepare a corpus with `memlm prepare ... --out DATA_DIR`, then pass "
+                        "data.path=DATA_DIR")
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path} is missing: {data_dir} is not a finished data folder (run `memlm prepare`)")
@@ -251,10 +254,51 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise DataError(f"{path} is not readable JSON ({err}); re-run `memlm prepare`") from err
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path} is not a JSON object; re-run `memlm prepare`")
     if manifest.get("format") != FORMAT_VERSION:
         raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT_VERSION!r}; "
                         "re-run `memlm prepare` with this version")
+    _check_manifest_fields(manifest, path)
     return manifest
+
+
+def _check_manifest_fields(manifest: dict, path: Path) -> None:
+    """The fields readers index into have the types they expect (a hand-edited or damaged manifest is one line,
+    never a TypeError deep inside a reader); shard paths stay inside the data folder."""
+    def refuse(where: str, what: str, value) -> None:
+        raise DataError(f"{path}: {where} must be {what}, got {value!r}; the manifest is damaged or edited "
+                        "(re-run `memlm prepare`)")
+
+    def count(where: str, value) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            refuse(where, "a whole number >= 0", value)
+
+    if not isinstance(manifest.get("tokenizer"), dict):
+        refuse("tokenizer", "an object", manifest.get("tokenizer"))
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        refuse("splits", "an object", splits)
+    for split, entry in splits.items():
+        if not isinstance(entry, dict):
+            refuse(f"splits.{split}", "an object", entry)
+        count(f"splits.{split}.documents", entry.get("documents"))
+        count(f"splits.{split}.tokens", entry.get("tokens"))
+        if not isinstance(entry.get("shards"), list):
+            refuse(f"splits.{split}.shards", "a list", entry.get("shards"))
+        for i, shard in enumerate(entry["shards"]):
+            where = f"splits.{split}.shards[{i}]"
+            if not isinstance(shard, dict):
+                refuse(where, "an object", shard)
+            for key in ("bytes", "documents", "tokens", "first_index"):
+                count(f"{where}.{key}", shard.get(key))
+            digest = shard.get("sha256")
+            if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+                refuse(f"{where}.sha256", "64 hex digits", digest)
+            rel = shard.get("path")
+            if not (isinstance(rel, str) and rel.endswith(".tar") and not Path(rel).is_absolute()
+                    and ".." not in Path(rel).parts):
+                refuse(f"{where}.path", "a .tar path inside the data folder", rel)
 
 
 def verify_manifest(data_dir: Path) -> dict:

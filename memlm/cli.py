@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prepare(commands)
     _add_train(commands)
     _add_eval(commands)
+    _add_generate(commands)
+    _add_analyze(commands)
     _add_extrapolate(commands)
     _add_sweep(commands)
     _add_compare(commands)
@@ -61,8 +63,9 @@ def _run_config(args: argparse.Namespace) -> int:
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("demo", help="train tiny memory LMs on a real corpus and print the results")
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="training seconds per architecture (default 60; three architectures)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="training steps, the same for every architecture (default 3000: where memory pays off)")
+    p.add_argument("--lr", type=float, metavar="LR", help="peak learning rate (default 1e-3)")
     p.add_argument("--wikitext", metavar="PATH",
                    help="a WikiText folder (wiki.{train,valid,test}.tokens) instead of the stdlib corpus "
                         "(also $MEMLM_DEMO_WIKITEXT)")
@@ -174,6 +177,42 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("generate", help="sample text from a run's latest checkpoint with its memory carried "
+                            "across segments, streamed to stdout")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--prompt", metavar="TEXT", help="the text to continue")
+    p.add_argument("--prompt-file", metavar="F", help="read the prompt from a UTF-8 file instead")
+    p.add_argument("--tokens", type=int, default=100, metavar="T", help="tokens to sample (default 100)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1: off)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (default 0: off)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="X", help="default 1; 0 = greedy")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--mem-len", type=int, metavar="M", help="memory length (default: the run's)")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from trainer import generate
+
+    return generate.main(args)
+
+
+def _add_analyze(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("analyze", help="attention to memory vs the current segment (LaMemo Fig. 1), LaMemo's "
+                            "alpha (Fig. 6), RMT read/write attention maps: plots + JSON in RUN_DIR/analysis")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--segments", type=int, default=64, metavar="S", help="segments to average over (default 64)")
+    p.set_defaults(run=_run_analyze)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    from trainer import analyze
+
+    return analyze.main(args)
+
+
 # -- cluster commands (Ray and MLflow are imported inside cluster/, only when one of these runs) -----------------
 
 
@@ -182,7 +221,7 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
                             "(run, m); JSON, MLflow and a ppl-against-m plot (LaMemo Figure 5)")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--mult", default="1-10", metavar="A-B|m,m,...", help="memory multipliers m (default 1-10)")
-    p.add_argument("--tgt-len", type=int, default=64, metavar="N", help="target length N (default 64)")
+    p.add_argument("--tgt-len", type=int, metavar="N", help="target length N (default: the runs' own)")
     p.add_argument("--split", choices=["valid", "test"], default="test")
     p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--out", metavar="DIR", help="results folder (default extrapolation/)")

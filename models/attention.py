@@ -12,6 +12,7 @@ look-ahead (dist = j - i, or i - j for the unstable "xl" variant) and RMT's two-
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -73,6 +74,7 @@ def attend(
     dropatt: nn.Module,
     per_key_positions: bool = False,
     need_lognorm: bool = True,
+    record: Callable[[Tensor], None] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32
     (None when need_lognorm is False: Transformer-XL and RMT discard it, and a plain softmax is cheaper).
@@ -81,6 +83,8 @@ def attend(
     distance; for callers with many more distances than keys per query (LaMemo's look-ahead with M > N).
     Every query row must have at least one allowed key (callers guarantee it). Softmax runs in fp32 so the
     log-normalisers that LaMemo caches are exact under autocast.
+    record: called with the attention weights [B, H, Q, K] (before attention dropout) when given; analyses
+    (`memlm analyze`) pass one through `Backbone.recorder`, everything else passes None and pays nothing.
     """
     B, Q, H, E = q.shape
     K = k.shape[1]
@@ -106,6 +110,8 @@ def attend(
         probs, lognorm = SoftmaxWithLogNorm.apply(scores)  # [B, H, Q, K], [B, H, Q]
     else:
         lognorm, probs = None, torch.softmax(scores, dim=-1)
+    if record is not None:
+        record(probs)
     probs = dropatt(probs.to(v.dtype))
     context = torch.einsum("bhqk,bkhe->bqhe", probs, v)
     return context, (lognorm.transpose(1, 2) if lognorm is not None else None)

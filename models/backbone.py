@@ -5,6 +5,8 @@ Shape legend: B lanes, N segment length, L layers, D model width, H heads, E hea
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -56,6 +58,16 @@ class Backbone(nn.Module):
         self.learned.add("bias_v", self.bias_shape, cfg.init_std)
         # Pre-LN stacks leave the residual stream unnormalised; normalise once before the softmax.
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_lnorm else nn.Identity()
+        # Analyses only (trainer/analyze.py): an object with add(kind, layer, tensor) that receives attention
+        # weights (and LaMemo's alpha) during forward. A plain attribute, not a module: never saved or moved.
+        self.recorder = None
+
+    def record_to(self, kind: str, layer: int) -> Callable[[Tensor], None] | None:
+        """The callable `attend` reports weights to for (kind, layer), or None when nothing is recording."""
+        recorder = self.recorder
+        if recorder is None:
+            return None
+        return lambda tensor: recorder.add(kind, layer, tensor)
 
     def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
         return bias[layer] if self.cfg.untie_r else bias

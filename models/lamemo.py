@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -112,7 +113,8 @@ class LaMemo(Backbone):
             keys_in = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D]
             q, k, v = layer.attn.project(layer.attn_input(keys_in))  # [B, K, H, E] each
             r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
-            ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, u, v_left, layer.attn.dropatt)
+            ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, u, v_left, layer.attn.dropatt,
+                                          record=self.record_to("causal", l))
 
             ctx_mem, lognorm_mem = memory.context[l].to(dtype), memory.lognorm[l]
             if cfg.lookahead:
@@ -125,8 +127,10 @@ class LaMemo(Backbone):
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
                     layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
+                    record=self.record_to("lookahead", l),
                 )
-                ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead)
+                ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
+                                                         record=self.record_to("alpha", l))
 
             ctx_all = torch.cat([ctx_mem, ctx_cur], dim=1)  # [B, K, H, E]
             if l < L - 1:
@@ -147,13 +151,14 @@ class LaMemo(Backbone):
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
 
     def _interpolate(
-        self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor
+        self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor,
+        record: Callable[[Tensor], None] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """C' = alpha C + (1 - alpha) A with alpha = s_past / (s_past + s_ahead + eps) (eq. 10-11), and the
         updated log-normaliser logaddexp(S, F). ctx_* [B, M, H, E], lognorm_* [B, M, H].
 
         S, F and alpha stay in fp32 (they are exponentials of large sums); the mix itself runs in the compute
-        dtype. With interpolate off (ablation) alpha = 0: C' = A.
+        dtype. With interpolate off (ablation) alpha = 0: C' = A. record: receives alpha [B, M, H] (analyses).
         """
         log_past_and_ahead = torch.logaddexp(lognorm_past, lognorm_ahead)
         if not self.cfg.interpolate:
@@ -161,5 +166,8 @@ class LaMemo(Backbone):
         log_total = log_past_and_ahead
         if self.cfg.interp_eps > 0:
             log_total = torch.logaddexp(log_total, torch.full_like(log_total, math.log(self.cfg.interp_eps)))
-        alpha = torch.exp(lognorm_past - log_total)[..., None].to(ctx_ahead.dtype)  # [B, M, H, 1]
+        alpha = torch.exp(lognorm_past - log_total)
+        if record is not None:
+            record(alpha)
+        alpha = alpha[..., None].to(ctx_ahead.dtype)  # [B, M, H, 1]
         return alpha * ctx_past + (1.0 - alpha) * ctx_ahead, log_past_and_ahead

@@ -75,7 +75,7 @@ class TransformerXL(Backbone):
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
-                need_lognorm=False,
+                need_lognorm=False, record=self.record_to("causal", l),
             )
             h = layer.finish(h, context)
 

@@ -18,6 +18,17 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["OMP_NUM_THREADS"] = "1"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_store_in_checkout():
+    """Runs are tracked by default (the tiny presets included), in ./mlflow.db: a test that trains in the checkout
+    must pass tracking.enabled=false (train_support.overrides does) or its own store, never leave one here."""
+    stores = [ROOT / "mlflow.db", ROOT / "mlruns"]
+    before = {path: path.exists() for path in stores}
+    yield
+    made = [str(path) for path in stores if path.exists() and not before[path]]
+    assert not made, f"a test wrote an MLflow store into the checkout: {made}"
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)

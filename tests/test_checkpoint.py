@@ -119,11 +119,11 @@ def test_rmt_resume_mid_window_and_document_is_bit_identical(variant, data, tmp_
     full = losses_of(train_in_process("rmt", data, tmp_path / "full", **common))
     split = tmp_path / "split"
     train_in_process("rmt", data, split, stop_at=K, **common)
-    state = torch.load(split / "checkpoints" / f"global_step{K}" / "rank0.pt", weights_only=False)["recurrence"]
+    state = torch.load(split / "checkpoints" / f"global_step{K}" / "rank0.pt", weights_only=True)["recurrence"]
     if variant["model__bptt_mode"] == "window":
         depth = int(variant.get("model__bptt_depth", 2))
         assert len(state["window"]) == depth  # mid-window: the replay segments are saved
-        resets = torch.stack([seg.reset for seg in state["window"]])
+        resets = torch.stack([seg["reset"] for seg in state["window"]])
         assert not resets.all(dim=0).any()  # every lane is inside a document across the saved window
     train_in_process("rmt", data, split, resume=True, **common)
     assert losses(split) == full

@@ -39,6 +39,7 @@ MORE_MISTAKES = {
     "cross_section": (["config", TINY, "eval.mem_len=8", "eval.mem_mult=2"], "eval.mem_mult=2.0 are both set"),
     "not_key_value": (["config", TINY, "model.mem_len"], "dotted.key=value"),
     "folder_as_config": (["config", "configs"], "folder"),
+    "unset_data_path": (["train", TINY], "data.path is not set: prepare a corpus"),
 }
 
 
@@ -113,9 +114,9 @@ def test_demo_dispatches_to_trainer_demo(monkeypatch):
 
     monkeypatch.setattr(trainer, "demo", fake, raising=False)
     assert cli.main(["demo"]) == 0
-    assert cli.main(["demo", "--seconds", "2.5", "--out", "somewhere"]) == 0
-    assert (calls[0].seconds, calls[0].out) == (60.0, "runs/demo")
-    assert (calls[1].seconds, calls[1].out) == (2.5, "somewhere")
+    assert cli.main(["demo", "--steps", "25", "--out", "somewhere"]) == 0
+    assert (calls[0].steps, calls[0].out) == (None, "runs/demo")  # None: the demo's measured default
+    assert (calls[1].steps, calls[1].out) == (25, "somewhere")
 
 
 def test_config_errors_raised_inside_a_command_become_one_line(monkeypatch, capsys):

@@ -117,7 +117,7 @@ def _expected_rows(store) -> dict[str, dict]:
             "params": sum(p.numel() for p in model.parameters()),
             "mem_len": cfg.mem_len, "mem_tokens": cfg.num_mem_tokens,
             "flops_per_token": flops_per_token(cfg)["total"],
-            "dev_ppl": last_valid["ppl"], "test_ppl": test["ppl"] if test else None,
+            "dev_ppl": last_valid["ppl"], "dev_bpc": last_valid["bpc"], "test_ppl": test["ppl"] if test else None,
             "tokens_per_s": statistics.median(line["tokens_per_s"] for line in lines),
             "steps": lines[-1]["step"], "tokens": lines[-1]["tokens"],
         }
@@ -173,6 +173,7 @@ def test_csv_rows_equal_the_runs(store, compared):
         assert float(row["tokens_per_s"]) == want["tokens_per_s"]
         assert int(row["steps"]) == want["steps"] == STEPS
         assert int(row["tokens"]) == want["tokens"]
+        assert float(row["dev_bpc"]) == want["dev_bpc"]  # byte-level data: bits per token are bits per character
     assert expected["run-rmt"]["mem_tokens"] == 2 and expected["run-transformer"]["mem_len"] == 0
 
 
@@ -202,8 +203,12 @@ def test_plots_and_artifacts_logged_to_mlflow(store, compared):
     client = store["client"]
     for name in ("loss.png", "valid_ppl.png"):
         assert (compared["dir"] / name).read_bytes()[:8] == PNG_MAGIC, name
+    # Snapshots go to EXPERIMENT-comparisons: the experiment's own runs table lists its training runs only.
     experiment_id = client.get_experiment_by_name(EXPERIMENT).experiment_id
-    comparisons = client.search_runs([experiment_id], filter_string="tags.kind = 'comparison'")
+    assert not client.search_runs([experiment_id], filter_string="tags.kind = 'comparison'")
+    snapshots = client.get_experiment_by_name(f"{EXPERIMENT}-comparisons")
+    assert snapshots.tags["mlflow.experimentKind"] == "custom_model_development"
+    comparisons = client.search_runs([snapshots.experiment_id], filter_string="tags.kind = 'comparison'")
     assert len(comparisons) >= 1
     run = max(comparisons, key=lambda r: r.info.start_time)
     assert run.info.status == "FINISHED" and run.info.run_id in compared["stderr"]
@@ -286,3 +291,18 @@ def _wait_for_health(server: subprocess.Popen, port: int, log: Path, limit: floa
 def _read_si(text: str) -> float:
     scale = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
     return float(text[:-1]) * scale[text[-1]] if text[-1] in scale else float(text)
+
+
+def test_bpc_only_for_byte_level_runs():
+    """bits per token are bits per character only when a token is a byte: word or subword runs get no bpc."""
+    from cluster.compare_runs import RunRecord
+    from cluster.compare_table import build_row
+
+    def row(tokenizer):
+        return build_row(RunRecord(run_id="r", name="r", status="FINISHED", params={"model.arch": "txl"},
+                                   metrics={"valid_ppl": 100.0, "valid_bpc": 6.64, "test_bpc": 6.7},
+                                   tags={"tokenizer": tokenizer}))
+
+    assert (row("bytes").dev_bpc, row("bytes").test_bpc) == (6.64, 6.7)
+    assert (row("word").dev_bpc, row("word").test_bpc) == (None, None)
+    assert row("spm-unigram").dev_bpc is None and row("word").dev_ppl == 100.0

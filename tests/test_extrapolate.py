@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from train_support import make_data, train_in_process
+from train_support import REPO, make_data, train_in_process
 
 MULTS = (1, 2, 3)
 N = 8
@@ -46,7 +46,8 @@ def setup(tmp_path_factory):
 def extrapolate(run_dirs, out: Path, uri: str, *extra: str) -> int:
     from memlm.cli import main
 
-    return main(["extrapolate", *map(str, run_dirs), "--mult", "1-3", "--tgt-len", str(N), "--out", str(out),
+    # No --tgt-len: N defaults to the length the runs were trained with (N = 8 here, not a fixed 64).
+    return main(["extrapolate", *map(str, run_dirs), "--mult", "1-3", "--out", str(out),
                  "--uri", uri, "--experiment", "extrap", *extra])
 
 
@@ -211,3 +212,16 @@ def test_run_without_checkpoint_is_one_line(setup, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "has no checkpoint" in err and str(run) in err
     assert not (tmp_path / "o").exists()  # nothing was started or written
+
+
+def test_runs_of_different_target_lengths_need_tgt_len(tmp_path, capsys):
+    """No common trained N: one line asking for --tgt-len, before Ray starts."""
+    from memlm.cli import main
+    from trainer.config import dump_yaml, load_config
+
+    for name, n in (("a", 8), ("b", 16)):
+        (tmp_path / name).mkdir()
+        dump_yaml(load_config(REPO / "configs" / "tiny_txl.yaml", [f"model.tgt_len={n}"]), tmp_path / name / "config.yaml")
+    assert main(["extrapolate", str(tmp_path / "a"), str(tmp_path / "b"), "--mult", "1-2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "different target lengths" in err and "--tgt-len" in err, err

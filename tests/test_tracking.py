@@ -256,3 +256,27 @@ def test_real_mlflow_server(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=5)
+
+
+def test_parallel_trainings_share_a_fresh_sqlite_store(tmp_path):
+    """Three processes open the same not-yet-existing ./mlflow.db at once (the demo's parallel trainings): the
+    first creates and migrates it under a lock, none finds it half-migrated, all create their runs in it."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = ("import sys; from trainer.config import TrackingConfig; from trainer.tracking import ensure_experiment, "
+            "open_client; c = open_client(sys.argv[1]); "
+            "e = ensure_experiment(TrackingConfig(experiment='shared', uri=sys.argv[1]), c); "
+            "print(c.create_run(e).info.run_id)")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("shared")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on its runs in the UI
+    assert {r.info.run_id for r in client.search_runs([experiment.experiment_id])} == {o.strip() for o, _ in outs}

@@ -60,9 +60,11 @@ class TrainConfig:
     eval_batches: int = 0  # per-rank batches per validation pass; 0 reads the whole valid split
     log_every: int = 10  # steps between metrics lines / MLflow points
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower; bit-reproducible on GPU too)
+    # A step whose loss or gradient norm is not finite (on any rank) is skipped; this many in a row stop the run
+    max_bad_steps: int = 10
 
     def validate(self) -> "TrainConfig":
-        _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1)
+        _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1, max_bad_steps=1)
         _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0, weight_decay=0.0, clip=0.0)
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")

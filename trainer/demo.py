@@ -4,12 +4,20 @@
    otherwise the standard library's own `.py` files become a `textdir` corpus under OUT/corpus (one document per
    file, split deterministically by sorted name: every 10th file test, the next one valid, the rest train,
    a few MB in all) prepared with the bytes tokenizer (vocabulary 256) into OUT/data.
-2. Training. A small no-memory Transformer+RPE baseline, Transformer-XL and LaMemo, each through the real trainer
-   (`trainer.train.run`: a DeepSpeed engine, CPU accelerator when there is no GPU) into OUT/runs/ARCH, tracked in
-   MLflow (experiment "memlm-demo"; default store: SQLite mlflow.db in the working folder). The step count comes
-   from `--seconds` (training seconds per architecture) and a short timing of that model's own training step.
+2. Training. A small no-memory Transformer+RPE baseline, Transformer-XL and LaMemo, each by the real command
+   (`memlm train OUT/configs/ARCH.yaml`: a DeepSpeed engine, CPU accelerator when there is no GPU) into
+   OUT/runs/ARCH, all at once (one process each, the cores shared out between them), tracked in MLflow
+   (experiment "memlm-demo"; default store: SQLite mlflow.db in the working folder). Every architecture trains
+   for the same `--steps` on the same batches: the papers compare at equal steps and equal tokens, never equal
+   wall time (a faster model would otherwise get more data).
 3. Evaluation of each run's final checkpoint on the test split (`evaluate_run`, per-document memory).
-4. A comparison table: arch, parameters, steps, train loss, test NLL, bpc (bytes) or ppl (words), tokens/s.
+4. A comparison table: arch, parameters, steps, train loss (mean of the last tenth of the steps), test NLL, bpc
+   (bytes) or ppl (words), tokens/s (median over the logged windows, as `memlm compare` reports it), and each
+   memory model's test NLL against the no-memory baseline.
+
+The default step count and learning rate were chosen by measurement (bench/reproduce/demo_setting.py): with them
+memory pays off on the stdlib corpus (at a few hundred steps the baseline is still ahead: a model must first learn
+to use its memory) and the demo stays near ten minutes on 2 cores.
 
 Re-running with the same OUT replaces the corpus, data and run folders this demo wrote there.
 """
@@ -20,6 +28,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -30,8 +40,9 @@ CORPUS_MARKER = "MEMLM_DEMO_CORPUS"  # a folder holding this file was written by
 TRAIN_BYTES = 3_000_000  # stdlib corpus caps (bytes of UTF-8 text per split)
 HELD_OUT_BYTES = 48_000
 HELD_OUT_MAX_FILE = 8_000  # held-out documents stay short so that evaluation (longest lane) is quick
-MIN_STEPS, MAX_STEPS = 5, 100_000
-STEP_OVERHEAD = 1.5  # headroom: trainer step (DeepSpeed, data stream, logging) vs the bare measured step
+DEMO_STEPS = 3000  # equal for every architecture; see the module docstring
+DEMO_LR = 1e-3
+NLL_TIE = 0.005  # nats/token: closer than this to the baseline reads "about the same"
 # Small models: 2 layers, d_model 128, 4 heads x 32, N = M = 64, 8 lanes.
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "tgt_len": 64, "mem_len": 64,
          "dropout": 0.0, "dropatt": 0.0}
@@ -113,50 +124,26 @@ def prepare_corpus(out: Path, wikitext: str | None) -> tuple[Path, dict, str]:
 # Training
 
 
-def demo_config(arch: str, data: Path, vocab_size: int, steps: int):
-    from .config import config_from_dict
-
+def demo_tree(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR) -> dict:
+    """The run configuration of one architecture, as the nested mapping a YAML preset holds."""
     model = {"arch": arch, **MODEL, **ARCH_MODEL[arch], "vocab_size": vocab_size}
     if vocab_size > 20_000:  # word-level WikiText: an adaptive softmax keeps the CPU step affordable
         model.update(cutoffs=[2000, 10000], div_val=1)
-    tree = {
+    return {
         "model": model,
-        "data": {"path": str(data), "batch_size": BATCH, "eval_batch_size": 2 * BATCH},
-        "train": {"steps": steps, "lr": 1e-3, "warmup_steps": min(20, steps // 10), "schedule": "cosine",
-                  "clip": 0.25, "save_every": 0, "keep_last": 1, "eval_every": steps, "eval_batches": 8,
-                  "log_every": max(1, min(10, steps // 5))},
+        "data": {"path": str(Path(data).resolve()), "batch_size": BATCH, "eval_batch_size": 2 * BATCH},
+        "train": {"steps": steps, "lr": lr, "warmup_steps": min(100, steps // 10), "schedule": "cosine",
+                  "clip": 0.25, "save_every": 0, "keep_last": 1, "eval_every": 0,
+                  "log_every": max(1, min(50, steps // 20))},
         "deepspeed": {"zero_stage": 0, "precision": "fp32"},
         "tracking": {"enabled": True, "experiment": DEMO_EXPERIMENT, "run_name": f"demo-{arch}"},
     }
-    return config_from_dict(tree)
 
 
-def measure_step_seconds(cfg, repeats: int = 5, warmup: int = 3) -> tuple[float, int]:
-    """(seconds per training step, parameter count) of cfg.model with a plain Adam on random tokens.
+def demo_config(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR):
+    from .config import config_from_dict
 
-    The DeepSpeed step on the CPU adds little on top of this; memory is carried as in training."""
-    import torch
-
-    from models import build_model, map_memory
-
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    b, n, v = cfg.data.batch_size, cfg.model.tgt_len, cfg.model.vocab_size
-    memory = model.init_memory(b)
-    times = []
-    for i in range(warmup + repeats):
-        tokens = torch.randint(0, v, (b, n))
-        start = time.perf_counter()
-        out = model(tokens, memory, targets=torch.randint(0, v, (b, n)))
-        out.nll.mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        memory = map_memory(lambda t: t.detach(), out.memory)
-        if i >= warmup:  # the first steps pay one-off allocation and thread start-up costs
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], params
+    return config_from_dict(demo_tree(arch, data, vocab_size, steps, lr))
 
 
 def _replace_run_folder(run_dir: Path) -> None:
@@ -175,7 +162,90 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            pass
+    return rows
+
+
+class DemoError(RuntimeError):
+    """A training process of the demo failed; the message names it and its log."""
+
+
+def threads_per_run(n_runs: int) -> int:
+    """Torch threads for each of n_runs concurrent training processes: this process's cores shared out."""
+    from .runtime import choose_threads
+
+    return max(1, choose_threads().threads // n_runs)
+
+
+def train_all(out: Path, trees: dict[str, dict], report_every: float = 30.0) -> dict[str, float]:
+    """Train every architecture at once, one `memlm train` process each; returns {arch: wall seconds}.
+
+    Each process's console output goes to OUT/logs/ARCH.log; this one prints a progress line every report_every
+    seconds from the runs' metrics.jsonl."""
+    import yaml
+
+    threads = threads_per_run(len(trees))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)  # each run is a plain single-process run
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    procs, logs, started, finished = {}, {}, {}, {}
+    for arch, tree in trees.items():
+        config = out / "configs" / f"{arch}.yaml"
+        config.write_text(yaml.safe_dump(tree, sort_keys=False))
+        run_dir = out / "runs" / arch
+        _replace_run_folder(run_dir)
+        logs[arch] = open(out / "logs" / f"{arch}.log", "w")
+        started[arch] = time.perf_counter()
+        procs[arch] = subprocess.Popen([sys.executable, "-m", "memlm", "train", str(config), "--out", str(run_dir)],
+                                       stdout=logs[arch], stderr=subprocess.STDOUT, env=env)
+    steps = {arch: tree["train"]["steps"] for arch, tree in trees.items()}
+    print(f"  {len(procs)} training processes, {threads} torch thread(s) each; logs in {out / 'logs'}", flush=True)
+    t0, last_report = time.perf_counter(), time.perf_counter()
+    try:
+        while len(finished) < len(procs):
+            time.sleep(0.5)
+            for arch, proc in procs.items():
+                if arch not in finished and proc.poll() is not None:
+                    finished[arch] = time.perf_counter() - started[arch]
+                    logs[arch].close()
+                    if proc.returncode:
+                        raise DemoError(f"training {arch} failed (exit {proc.returncode}): "
+                                        f"{_last_line(out / 'logs' / f'{arch}.log')}; log: {out / 'logs' / f'{arch}.log'}")
+            if time.perf_counter() - last_report >= report_every and len(finished) < len(procs):
+                last_report = time.perf_counter()
+                print("  " + _progress_line(out, steps, time.perf_counter() - t0), flush=True)
+    finally:
+        for arch, proc in procs.items():
+            if proc.poll() is None:  # an error or Ctrl-C here: no orphaned trainers left running
+                proc.kill()
+                proc.wait()
+            logs[arch].close()
+    return finished
+
+
+def _progress_line(out: Path, steps: dict[str, int], elapsed: float) -> str:
+    parts, fractions = [], []
+    for arch, total in steps.items():
+        rows = read_metrics(out / "runs" / arch)
+        done = rows[-1]["step"] if rows else 0
+        fractions.append(done / total)
+        loss = f" loss {rows[-1]['loss']:.3f}" if rows else ""
+        parts.append(f"{arch} {done}/{total}{loss}")
+    slowest = min(fractions)
+    eta = f", about {elapsed * (1 - slowest) / slowest / 60:.1f} min left" if slowest > 0.02 else ""
+    return f"[{elapsed / 60:4.1f} min] " + " | ".join(parts) + eta
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,7 +256,12 @@ def main(args) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
     out = Path(getattr(args, "out", None) or "runs/demo")
-    seconds = float(getattr(args, "seconds", 60.0))
+    steps = int(getattr(args, "steps", None) or DEMO_STEPS)
+    if steps < 1:
+        from models.config import ConfigError
+
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    lr = float(getattr(args, "lr", None) or DEMO_LR)
     wikitext = getattr(args, "wikitext", None) or os.environ.get("MEMLM_DEMO_WIKITEXT") or None
     archs = tuple(getattr(args, "archs", None) or DEMO_ARCHS)
     out.mkdir(parents=True, exist_ok=True)
@@ -199,56 +274,95 @@ def main(args) -> int:
     print(f"memlm demo: corpus {desc}")
     print(f"  prepared into {data}: tokenizer {tok['kind']} (vocab {vocab}); tokens " +
           ", ".join(f"{s} {n:,}" for s, n in split_tokens.items()) + f" ({time.perf_counter() - t0:.1f} s)")
-    print(f"  training {', '.join(archs)} for about {seconds:g} s each (2 layers, d_model {MODEL['d_model']}, "
-          f"N {MODEL['tgt_len']}, M {MODEL['mem_len']}, {BATCH} lanes)", flush=True)
+    tokens = steps * BATCH * MODEL["tgt_len"]
+    print(f"  training {', '.join(archs)} at equal steps and tokens: {steps:,} steps x {BATCH} lanes x "
+          f"{MODEL['tgt_len']} tokens = {tokens:,} tokens each (2 layers, d_model {MODEL['d_model']}, "
+          f"N {MODEL['tgt_len']}, M {MODEL['mem_len']}, lr {lr:g})", flush=True)
+
+    from memlm.invocation import activation_hint, memlm_command
+    from models.flops import param_count
 
     from .evaluate import evaluate_run
-    from .train import run
 
+    trees = {arch: demo_tree(arch, data, vocab, steps, lr) for arch in archs}
+    from .tracking import ensure_experiment
+
+    ensure_experiment(demo_config(archs[0], data, vocab, steps, lr).tracking)  # once, before the parallel runs
+    try:
+        train_seconds = train_all(out, trees)
+    except DemoError as err:
+        print(f"memlm: error: {err}", file=sys.stderr)
+        return 1
     rows = []
     for arch in archs:
-        probe = demo_config(arch, data, vocab, steps=1)
-        step_s, params = measure_step_seconds(probe)
-        steps = int(max(MIN_STEPS, min(MAX_STEPS, seconds / (STEP_OVERHEAD * max(step_s, 1e-6)))))
-        cfg = demo_config(arch, data, vocab, steps)
         run_dir = out / "runs" / arch
-        _replace_run_folder(run_dir)
-        print(f"\n== {arch}: {params:,} parameters, {steps} steps (measured {step_s * 1000:.0f} ms/step)", flush=True)
-        start = time.perf_counter()
-        run(cfg, run_dir)
-        train_s = time.perf_counter() - start
+        cfg = demo_config(arch, data, vocab, steps, lr)
         metrics = read_metrics(run_dir)
-        last = metrics[-1] if metrics else {}
-        rates = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
         start = time.perf_counter()
-        result = evaluate_run(run_dir, split="test")
+        result = evaluate_run(run_dir, split="test")  # also logs test_nll/ppl/bpc to the run's MLflow run
         eval_s = time.perf_counter() - start
-        _log_test_result(cfg, run_dir, result)
-        rows.append({"arch": arch, "params": params, "steps": int(last.get("step", steps)),
-                     "train_loss": float(last.get("loss", float("nan"))), "test_nll": float(result["nll"]),
-                     "test_bpc": float(result.get("bpc", result["nll"] / math.log(2))),
-                     "test_ppl": float(result.get("ppl", math.exp(min(result["nll"], 50.0)))),
-                     "tokens_per_s": sum(rates) / len(rates) if rates else float("nan"),
-                     "test_tokens": int(result["tokens"]), "train_s": train_s, "eval_s": eval_s,
+        rows.append({"arch": arch, "params": param_count(cfg.model), "steps": int(metrics[-1]["step"]),
+                     "tokens": int(metrics[-1]["tokens"]), "train_loss": tail_mean_loss(metrics, steps),
+                     "test_nll": float(result["nll"]), "test_bpc": float(result["bpc"]),
+                     "test_ppl": float(result["ppl"]), "tokens_per_s": median_rate(metrics),
+                     "test_tokens": int(result["tokens"]), "train_s": train_seconds[arch], "eval_s": eval_s,
                      "run_dir": str(run_dir)})
-        print(f"   trained in {train_s:.1f} s, test evaluated in {eval_s:.1f} s "
+        print(f"  {arch}: trained in {train_seconds[arch] / 60:.1f} min, test evaluated in {eval_s:.1f} s "
               f"({int(result['tokens']):,} tokens)", flush=True)
 
     byte_level = tok["kind"] == "bytes"
     print()
+    print(f"Equal steps and tokens for every arch ({steps:,} steps, {tokens:,} training tokens each):")
     print(format_table(rows, byte_level))
+    print()
+    print(memory_effect(rows, steps))
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    uri = probe.tracking.resolved_uri()
+    uri = demo_config(archs[0], data, vocab, steps, lr).tracking.resolved_uri()
     print(f"\nrun folders: {out / 'runs'}/ARCH (config, DeepSpeed JSON, metrics.jsonl, checkpoints, eval/); "
           f"table: {out / 'results.json'}")
     print(f"MLflow: experiment '{DEMO_EXPERIMENT}' in {uri}")
     if uri.startswith("sqlite:///"):
         store = _relative_sqlite(uri)
         flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default
-        print(f"  browse it: memlm ui{flag}   (http://127.0.0.1:5000)")
-        print(f"  compare:   memlm compare --experiment {DEMO_EXPERIMENT}{flag}")
-    print(f"total {time.perf_counter() - t0:.0f} s")
+        command = memlm_command()
+        print(f"  browse it: {command} ui{flag}   (http://127.0.0.1:5000)")
+        print(f"  compare:   {command} compare --experiment {DEMO_EXPERIMENT}{flag}")
+        if activation_hint():
+            print(f"  {activation_hint()}")
+    print(f"total {(time.perf_counter() - t0) / 60:.1f} min")
     return 0
+
+
+def tail_mean_loss(metrics: list[dict], steps: int) -> float:
+    """Mean logged training loss over the last tenth of the steps (one batch's loss is too noisy to compare)."""
+    tail = [m["loss"] for m in metrics if m["step"] > steps - max(1, steps // 10)] or [metrics[-1]["loss"]]
+    return sum(tail) / len(tail)
+
+
+def median_rate(metrics: list[dict]) -> float:
+    """Median tokens/s over the logged windows: the number `memlm compare` shows for the same run."""
+    rates = sorted(m["tokens_per_s"] for m in metrics if "tokens_per_s" in m)
+    if not rates:
+        return float("nan")
+    mid = len(rates) // 2
+    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+
+
+def memory_effect(rows: list[dict], steps: int) -> str:
+    """Each memory model's test NLL against the no-memory baseline's, at the same steps and tokens."""
+    base = next((r for r in rows if r["arch"] == "transformer"), None)
+    others = [r for r in rows if r["arch"] != "transformer"]
+    if base is None or not others:
+        return "memory's effect: needs the no-memory 'transformer' run next to a memory model"
+    lines = ["memory's effect (test NLL against the no-memory transformer, same steps and tokens):"]
+    for r in others:
+        delta = r["test_nll"] - base["test_nll"]
+        verdict = "about the same" if abs(delta) < NLL_TIE else "better" if delta < 0 else "not better"
+        lines.append(f"  {r['arch']:10s} {delta:+.3f} nats/token ({100 * delta / base['test_nll']:+.1f}%)  {verdict}")
+    if all(r["test_nll"] >= base["test_nll"] for r in others):
+        lines.append(f"  At {steps:,} steps memory has not paid off yet: a model must first learn to use it "
+                     f"(this demo's default, {DEMO_STEPS:,} steps, is where it shows).")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict], byte_level: bool) -> str:
@@ -269,18 +383,3 @@ def _relative_sqlite(uri: str) -> str:
         return f"sqlite:///{rel}"
     except ValueError:
         return uri
-
-
-def _log_test_result(cfg, run_dir: Path, result: dict) -> None:
-    """Add the test-split numbers to the run's MLflow run (reopened through its run-id file)."""
-    try:
-        from .tracking import Tracker
-    except ImportError:
-        return
-    try:
-        tracker = Tracker(cfg.tracking, run_dir, 0, cfg)
-        tracker.log_metrics(int(result.get("step") or cfg.train.steps),
-                            {f"test_{k}": float(result[k]) for k in ("nll", "ppl", "bpc") if k in result})
-        tracker.finish("FINISHED")
-    except Exception as exc:  # noqa: BLE001 - tracking must never cost the demo its table
-        print(f"   (MLflow: could not log the test result: {type(exc).__name__}: {exc})")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 # Minutes a collective waits before DeepSpeed gives up; its default of 10 hides deadlocks too long in tests.
 DEFAULT_TIMEOUT_MIN = "10"
@@ -52,15 +54,34 @@ def setup_env() -> DistInfo:
                     backend, device)
 
 
-def init(info: DistInfo) -> None:
-    """Create the default process group through DeepSpeed (it reads DEEPSPEED_TIMEOUT)."""
+def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
+    """Create the default process group through DeepSpeed (it reads DEEPSPEED_TIMEOUT).
+
+    log_dir: a run folder; DeepSpeed's output while it sets up (every rank prints "... built successfully" for
+    its CPU op, also when the op comes from the cache; a first build's compiler output) goes to its library.log
+    instead of the console, and rank 0 says once when a first build is coming."""
     import deepspeed
 
     if info.device.startswith("cuda"):
         import torch
 
         torch.cuda.set_device(info.local_rank)
-    deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+    if log_dir is None:
+        deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+        return
+    from .quiet import into_library_log
+
+    if info.device == "cpu" and info.rank == 0 and not cpu_op_built():
+        print(f"memlm: building DeepSpeed's CPU communication op once for this environment (30-60 s; cached in "
+              f"{os.environ.get('TORCH_EXTENSIONS_DIR', '~/.cache/torch_extensions')})", file=sys.stderr, flush=True)
+    with into_library_log(log_dir):
+        deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+
+
+def cpu_op_built() -> bool:
+    """Whether DeepSpeed's CPU shared-memory op is already in the op cache (TORCH_EXTENSIONS_DIR)."""
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return bool(cache) and any(Path(cache).glob("deepspeed_shm_comm*/*.so"))
 
 
 def shutdown() -> None:

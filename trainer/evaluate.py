@@ -42,11 +42,15 @@ RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *, lanes: int, seg_len: int,
              rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu", max_batches: int = 0,
-             continuous: bool = False) -> dict[str, Any]:
+             continuous: bool = False, progress: bool = False, accuracy: bool = False) -> dict[str, Any]:
     """Mean NLL of `split` under `model`; identical (up to summation order) for any world size and lane count.
 
     Collective when world_size > 1: every rank must call it (torch.distributed already initialised).
     max_batches > 0 stops early (every rank reads the same number of batches, so it stays collective-safe).
+    progress: rank 0 shows batches and scored tokens done with an ETA (a bar on a terminal, else a line every
+    15 s and one at the end, on stderr).
+    accuracy: also report `accuracy`, the fraction of scored targets that are the model's most likely token
+    (the algorithmic tasks' per-token answer accuracy, RMT Figure 4); it asks the model for its log-probabilities.
     """
     cfg = model.cfg
     if cfg.tgt_len != seg_len:
@@ -61,27 +65,38 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = torch.zeros((), dtype=torch.float64, device=device)
     documents = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    from .progress import Meter
+
+    total = stream.num_batches if not max_batches else min(max_batches, stream.num_batches or max_batches)
+    meter = Meter(f"eval {split}", total=total, unit="batch", enabled=progress and rank == 0,
+                  tokens_label="scored tokens" if world_size == 1 else "rank-0 scored tokens")
     try:
         for step, batch in enumerate(stream):
             if max_batches and step >= max_batches:
                 break
+            # Counted on the host copy: no device sync per batch for the display.
+            meter.update(1, tokens=int((batch.targets != -100).sum()) if meter.enabled else 0)
             inputs, targets = batch.tokens.to(device), batch.targets.to(device)
             reset = batch.reset.to(device)
-            out = model(inputs, memory, reset=reset, targets=targets)
+            out = model(inputs, memory, reset=reset, targets=targets, return_logits=accuracy)
             memory = map_memory(torch.Tensor.detach, out.memory)
             scored = targets != -100
+            if accuracy:
+                correct += ((out.logits.argmax(-1) == targets) & scored).sum()
             # nll is 0 at ignored targets already; masking again guards against a NaN from a padded position.
             nll_sum += torch.where(scored, out.nll, 0).double().sum()
             tokens += scored.sum()
             documents += (reset & batch.lane_active.to(device)).sum()
     finally:
         model.train(was_training)
-    totals = torch.stack([nll_sum, tokens, documents])
+        meter.close(summary=True)
+    totals = torch.stack([nll_sum, tokens, documents, correct])
     if world_size > 1:
         import torch.distributed as dist
 
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    nll_total, n_tokens, n_docs = (float(x) for x in totals.cpu())
+    nll_total, n_tokens, n_docs, n_correct = (float(x) for x in totals.cpu())
     if n_tokens == 0:  # every rank holds the same totals, so every rank raises: collective-safe
         if max_batches:
             raise DataError(f"evaluating split {split!r}: {max_batches} batch(es) of {lanes} lanes x {seg_len} tokens "
@@ -89,7 +104,10 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
                             "(0 reads the whole split)")
         raise DataError(f"evaluating split {split!r} of {data_dir}: it holds no scored target token; prepare it "
                         "again or evaluate another split")
-    return summarize(split, nll_total, int(n_tokens), int(n_docs), cfg.tgt_len, cfg.mem_len, cfg.arch)
+    result = summarize(split, nll_total, int(n_tokens), int(n_docs), cfg.tgt_len, cfg.mem_len, cfg.arch)
+    if accuracy:
+        result["accuracy"] = n_correct / n_tokens
+    return result
 
 
 def summarize(split: str, nll_total: float, tokens: int, documents: int, tgt_len: int, mem_len: int,
@@ -112,11 +130,12 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
                  mem_len: int | None = None, mem_mult: float | None = None, clamp_len: int | None = None,
                  same_length: bool | None = None, lanes: int | None = None, json_path: str | os.PathLike | None = None,
                  tag: str | None = None, data_dir: str | os.PathLike | None = None,
-                 track: bool = True) -> dict[str, Any]:
+                 track: bool = True, progress: bool = True) -> dict[str, Any]:
     """Evaluate RUN_DIR's checkpoint (`tag`, default the `latest` one) and write the JSON (rank 0).
 
     Every argument left None keeps the run's own setting. track: also log the result to the training run's MLflow
-    run (off for callers that log themselves, such as `memlm extrapolate`'s parallel tasks). Runs collectively under torchrun / the deepspeed
+    run (off for callers that log themselves, such as `memlm extrapolate`'s parallel tasks). progress: rank 0 shows
+    the pass's progress on stderr (off for `memlm extrapolate`'s tasks: its driver shows theirs). Runs collectively under torchrun / the deepspeed
     launcher (a process group is created here when none exists and RANK/WORLD_SIZE are set).
     User mistakes raise ConfigError / DataError with a one-line message, before any process group exists.
     """
@@ -139,7 +158,8 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
         model.to(device)
         result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
-                          rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous)
+                          rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
+                          progress=progress, accuracy=is_task(manifest))
     finally:
         if owned:
             import torch.distributed as dist
@@ -155,6 +175,11 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         if track:
             log_eval_result(cfg, run_dir, result, path)
     return result
+
+
+def is_task(manifest: dict) -> bool:
+    """A data folder of an algorithmic task (`memlm prepare --corpus task`): its evaluations report accuracy."""
+    return (manifest.get("corpus") or {}).get("kind") == "task"
 
 
 def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, clamp_len, same_length) -> RunConfig:
@@ -205,7 +230,10 @@ def step_of(tag: str) -> int | None:
 
 def load_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     """The fp32 module state dict of a DeepSpeed checkpoint at any ZeRO stage and world size."""
+    from trainer import checkpoint
+
     folder = ckpt_dir / tag
+    checkpoint.verify_folder(folder)  # zero_to_fp32 unpickles in full: refuse a file that could run code first
     if any(folder.glob("*_optim_states.pt")):
         # ZeRO 1-3 (and DeepSpeed's bf16 optimizer): the fp32 master weights live in the optimizer partitions.
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -216,7 +244,7 @@ def load_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
         files = sorted(folder.glob("mp_rank_*_model_states.pt"))
         if not files:
             raise ConfigError(f"checkpoint {folder} holds neither model nor optimizer states")
-        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        state = checkpoint.safe_load(files[0], allow=checkpoint.deepspeed_safe_types())["module"]
     # An engine wrapping the model may have saved "module."-prefixed names.
     return {k.removeprefix("module."): (v.float() if v.is_floating_point() else v) for k, v in state.items()}
 

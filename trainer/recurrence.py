@@ -25,6 +25,15 @@ training loss and token counts mean the same thing in every schedule.
 Window detail: after the step, the window slides by one segment; the memory before its new oldest segment is the
 one this step's replay computed (current weights, cut from the graph). The cache a replayed segment reads is the
 one it read when it was new (the cache is stop-gradient, so nothing flows through it either way).
+
+A skipped step (non-finite loss or gradient, trainer/train.py) ends with `clear()`: every lane's memory emptied
+and RMT's replay window dropped, so nothing computed by the forward that went wrong is carried or replayed, and no
+lane can read across a document start that fell inside the skipped segments.
+
+Saved state is tensors and plain values only (a checkpoint is read with torch.load(weights_only=True), so it
+cannot run code): `plain_state` turns a memory dataclass (or a Segment) into a dict of its fields, and
+`load_state_dict` rebuilds the objects on this run's own empty memory, which fixes their types; a saved state
+whose fields do not match is refused naming the field.
 """
 
 from __future__ import annotations
@@ -71,12 +80,38 @@ def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT
     return WindowBPTT(memory, device, model_cfg.bptt_depth, model_cfg.bptt_replay_loss)
 
 
-def _to(state: Any, device) -> Any:
-    return map_memory(lambda t: t.to(device), state)
+def plain_state(state: Any) -> Any:
+    """A memory state (dataclasses, lists, tensors, ints) as dicts, lists, CPU tensors and plain values."""
+    if isinstance(state, Tensor):
+        return state.detach().cpu()
+    if isinstance(state, (list, tuple)):
+        return [plain_state(s) for s in state]
+    if dataclasses.is_dataclass(state):
+        return {f.name: plain_state(getattr(state, f.name)) for f in dataclasses.fields(state)}
+    return state
 
 
-def _cpu(state: Any) -> Any:
-    return map_memory(lambda t: t.detach().cpu(), state)
+def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
+    """plain_state's inverse: `saved` rebuilt into `template`'s types (a fresh state of this run) on `device`."""
+    if dataclasses.is_dataclass(template):
+        names = {f.name for f in dataclasses.fields(template)}
+        if not isinstance(saved, dict) or set(saved) != names:
+            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise RecurrenceStateError(f"the checkpoint's {where} has fields {got}, this run's has {sorted(names)}; "
+                                       "resume with the model settings of the checkpoint, or start a new run folder")
+        return dataclasses.replace(template, **{n: rebuild_state(getattr(template, n), saved[n], device, f"{where}.{n}")
+                                                for n in names})
+    if isinstance(template, list):
+        if not isinstance(saved, list):
+            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a list")
+        # Lists hold one kind of element (per-layer tensors, window segments): the first one types them all.
+        element = template[0] if template else None
+        return [rebuild_state(element, s, device, f"{where}[{i}]") for i, s in enumerate(saved)]
+    if isinstance(template, Tensor) or isinstance(saved, Tensor):
+        if not isinstance(saved, Tensor):
+            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a tensor")
+        return saved.to(device)
+    return saved
 
 
 def _detached(memory: Any) -> Any:
@@ -97,17 +132,22 @@ class _Recurrence:
 
     def __init__(self, memory: Any, device):
         self.memory, self.device = memory, device
+        self.empty = memory  # the model's init_memory: what clear() goes back to
+
+    def clear(self) -> None:
+        """Every lane's memory emptied, as at a document start (after a skipped step, trainer/train.py)."""
+        self.memory = map_memory(torch.clone, self.empty)
 
     def _read(self, next_batch: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
         batch = next_batch()
         return batch.tokens.to(self.device), batch.targets.to(self.device), batch.reset.to(self.device)
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "memory": _cpu(self.memory)}
+        return {"kind": self.kind, "memory": plain_state(self.memory)}
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
-        self.memory = _to(state["memory"], self.device)
+        self.memory = rebuild_state(self.memory, state["memory"], self.device, "memory")
 
     def _check_kind(self, state: dict) -> None:
         saved = state.get("kind", SegmentRecurrence.kind if "memory" in state else None)
@@ -209,13 +249,20 @@ class WindowBPTT(_Recurrence):
             start = after_oldest
         self.memory = dataclasses.replace(_detached(start), cache=_detached(newest.cache))
 
+    def clear(self) -> None:
+        """Memory emptied and nothing left to replay: the next segment's loss reaches no earlier segment."""
+        super().clear()
+        self.window = []
+
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "memory": _cpu(self.memory), "window": _cpu(self.window)}
+        return {"kind": self.kind, "memory": plain_state(self.memory), "window": plain_state(self.window)}
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
-        self.memory = _to(state["memory"], self.device)
-        self.window = _to(list(state["window"]), self.device)
+        empty = torch.empty(0)
+        segment = Segment(tokens=empty, targets=empty, reset=empty, cache=self.memory.cache)
+        self.memory = rebuild_state(self.memory, state["memory"], self.device, "memory")
+        self.window = rebuild_state([segment], state["window"], self.device, "window")
         if len(self.window) > self.depth:
             raise RecurrenceStateError(
                 f"the checkpoint replays {len(self.window)} segments but model.bptt_depth is {self.depth}; set "

@@ -33,6 +33,12 @@ MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
 MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 
+# MLflow 3's UI opens an experiment on its GenAI "Traces" tab unless the experiment says it holds model training:
+# this tag (values "custom_model_development" / "genai_development", the UI's own kind selector) makes it open on
+# the runs table, where memlm's training runs are.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 _ENV_DEFAULTS = {
     # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -141,7 +147,12 @@ class Tracker:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        client = MlflowClient(tracking_uri=self.uri)
+        from .quiet import route_library_loggers
+
+        # After mlflow's import (which sets its loggers up) and before the store is opened: "Creating initial
+        # MLflow database tables" and the migrations' INFO lines go to RUN_DIR/library.log.
+        route_library_loggers(run_dir)
+        client = open_client(self.uri)
         id_file = run_dir / RUN_ID_FILE
         old_params: dict[str, str] = {}
         run_id = id_file.read_text().strip() if id_file.is_file() else ""
@@ -182,6 +193,8 @@ class Tracker:
             "git_revision": revision,
             "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
             "run_dir": str(run_dir.resolve()),
+            # bytes: a token is a byte, so bits per token are bits per character (bpc); not for words or pieces.
+            "tokenizer": tokenizer_kind(config.data.path),
         })
 
     def _log_tags(self, tags: dict[str, str]) -> None:
@@ -199,18 +212,42 @@ class Tracker:
         self._calls, self._last_flush = 0, time.monotonic()
 
 
-def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
-    """The id of cfg.experiment, created if missing. Call it once in a driver before parallel trials: two
-    processes creating a fresh SQLite store at the same moment fail (DESIGN §9)."""
+def open_client(uri: str) -> Any:
+    """An MlflowClient whose store exists and is migrated. For a SQLite file the first process creates the
+    tables while holding an exclusive lock on `.NAME.lock` beside it: two processes creating a fresh store at the
+    same moment (the demo's parallel trainings, two `memlm train` started together) otherwise both run the
+    migrations and leave it broken ("table _alembic_tmp_experiments already exists", DESIGN §9)."""
     from mlflow import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f".{db.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            client._tracking_client.store  # noqa: B018 - creating the store creates and migrates the tables
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return client
+
+
+def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
+    """The id of cfg.experiment, created if missing (and tagged to open on its runs in the UI). A fresh SQLite
+    store is created under open_client's lock; still, a driver starting parallel trials calls this first."""
     from mlflow.exceptions import MlflowException
 
     uri = cfg.resolved_uri()
-    client = client or MlflowClient(tracking_uri=uri)
+    client = client or open_client(uri)
     found = client.get_experiment_by_name(cfg.experiment)
     if found is not None:
         if found.lifecycle_stage == "deleted":  # deleted in the UI: runs cannot be created in it until restored
             client.restore_experiment(found.experiment_id)
+        if EXPERIMENT_KIND_TAG not in found.tags:  # made by an older memlm or by hand; a user's own choice stays
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return found.experiment_id
     # A SQLite store would put artifacts in ./mlruns of whatever folder the creator ran in; keep them beside
     # the database instead, so every run of the experiment, from any folder, writes to one place.
@@ -218,11 +255,22 @@ def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     try:
-        return client.create_experiment(cfg.experiment, artifact_location=location)
+        return client.create_experiment(cfg.experiment, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except MlflowException as exc:  # another process created it between our two calls
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def tokenizer_kind(data_path: str | os.PathLike) -> str:
+    """The prepared data's tokenizer kind (bytes, word, spm-unigram, ...) from its manifest, or "unknown"."""
+    import json
+
+    try:
+        return str(json.loads((Path(data_path) / "manifest.json").read_text())["tokenizer"]["kind"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
 
 
 def git_revision() -> str:

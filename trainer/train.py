@@ -32,7 +32,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from . import checkpoint, distributed, runtime
+from . import checkpoint, distributed, nonfinite, runtime
+
+
+class TrainingStopped(checkpoint.ResumeError):
+    """train.max_bad_steps steps in a row were skipped (non-finite loss or gradient): the run stops, exit 2 (the
+    command line prints the message, which names the last good checkpoint, as one line)."""
 
 
 def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
@@ -63,6 +68,8 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     tag = checkpoint.latest_tag(ckpt_dir) if resume else None
     if tag is not None and not reshard:  # refuse before the (slow) engine build
         checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
+    if tag is not None:  # DeepSpeed unpickles its files in full: prove first that none of them can run code
+        checkpoint.verify_folder(ckpt_dir / tag)
     if tag is None and resume and info.rank == 0:
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
     return Trainer(cfg, run_dir, info, meta, manifest, reporter).fit(tag, reshard, stop_at)
@@ -106,7 +113,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
-        distributed.init(self.info)
+        distributed.init(self.info, log_dir=self.run_dir)  # DeepSpeed's set-up prints go to RUN_DIR/library.log
         # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
         seed_everything(cfg.train.seed)
         model = build_model(cfg.model)
@@ -117,6 +124,9 @@ class Trainer:
             (self.run_dir / "eval").mkdir(exist_ok=True)
             dump_yaml(cfg, self.run_dir / "config.yaml")
             (self.run_dir / "ds_config.json").write_text(json.dumps(self.ds_conf, indent=2) + "\n")
+        from .quiet import route_library_loggers
+
+        route_library_loggers(self.run_dir)  # DeepSpeed's INFO lines to RUN_DIR/library.log, warnings to the console
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
@@ -132,7 +142,8 @@ class Trainer:
         self.recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=self.device),
                                           self.device)
         self.step, self.tokens_seen = 0, 0
-        self.norm_wanted = True
+        self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
+        self.poison = nonfinite.Poison(self.rank)
 
     def _restore(self, tag: str, reshard: bool) -> None:
         from .recurrence import RecurrenceStateError
@@ -152,6 +163,7 @@ class Trainer:
         self.stream.load_state_dict(state["stream"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.tokens_seen = state["step"], state["tokens"]
+        self.skipped_steps = state.get("skipped_steps", 0)  # a checkpoint is only written after a good step
 
     def _load_resharded(self, tag: str) -> None:
         # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
@@ -173,45 +185,97 @@ class Trainer:
                   "state, lr schedule and data position start over", file=sys.stderr)
 
     # -- one step ----------------------------------------------------------------------------------------------
-    def _micro_batch(self) -> tuple[float, int, int]:
-        """Forward the next micro-batch (trainer/recurrence.py), backward once; returns (nll sum, scored targets,
-        input tokens) of its new data."""
+    def _train_step(self) -> dict:
+        """train.grad_accum micro-batches (trainer/recurrence.py), engine.backward once each, engine.step after each
+        (DeepSpeed steps the optimizer on the last). Before that last engine.step one all-reduce adds every rank's
+        NLL, target and token counts and its non-finite flags (loss; at ZeRO-0 also the gradient norm, which the
+        optimizer does not check there): any flag skips the update on every rank alike (trainer/nonfinite.py).
+        ZeRO 1-3 also skip on a non-finite global gradient norm inside DeepSpeed, seen here as engine.skipped_steps."""
         import torch
 
-        batch = self.recurrence.step(self.engine, lambda: next(self.stream))
-        self.engine.backward(batch.loss)
-        if (self.engine.is_gradient_accumulation_boundary() and self.cfg.deepspeed.zero_stage == 0
-                and self.norm_wanted):
-            # DeepSpeed records the grad norm only for ZeRO / mixed precision; at stage 0 the gradients are
-            # already averaged over ranks here, so their norm is the global one (before clipping, as ZeRO reports).
-            # A full pass over the gradients: only on steps whose metrics row is written.
-            grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
-            self.stage0_grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-        self.engine.step()
-        self.recurrence.advance()
-        return float(batch.nll), batch.count, batch.inputs
+        engine, device = self.engine, self.device
+        lr = engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
+        self.poison.param(self.step + 1, engine.module)
+        nll, count, inputs = [], 0, 0
+        bad_loss = torch.zeros((), dtype=torch.bool, device=device)
+        ds_skipped_before, skip, grad_norm = engine.skipped_steps, False, None
+        for micro in range(self.cfg.train.grad_accum):
+            batch = self.recurrence.step(engine, lambda: next(self.stream))
+            loss = self.poison.loss(self.step + 1, micro, batch.loss)
+            engine.backward(loss)
+            checkpoint.kill_point("step", self.step + 1, self.rank)  # test hook: a preemption mid-step
+            bad_loss |= ~torch.isfinite(loss.detach())  # stays on the device: no sync per micro-batch
+            nll.append(batch.nll)
+            count, inputs = count + batch.count, inputs + batch.inputs
+            if engine.is_gradient_accumulation_boundary():
+                figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss)
+                skip = figures[3] > 0 or figures[4] > 0
+                if skip:
+                    with nonfinite.skipped_update(engine.optimizer):
+                        engine.step()
+                else:
+                    engine.step()
+            else:
+                engine.step()
+            self.recurrence.advance()
+            if micro < self.cfg.train.grad_accum - 1:  # test hook: a preemption between micro-batches
+                checkpoint.kill_point("micro", self.step + 1, self.rank)
+        ds_skipped = engine.skipped_steps > ds_skipped_before
+        if skip and not ds_skipped:  # the skip is the whole point: never let it pass silently
+            raise RuntimeError(f"DeepSpeed applied step {self.step + 1}, which memlm asked it to skip "
+                               f"(optimizer {type(engine.optimizer).__name__})")
+        self.step += 1
+        if skip or ds_skipped:
+            return self._skipped(figures)
+        self.bad_streak = 0
+        self.tokens_seen += int(figures[1])
+        # What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's.
+        if engine.get_global_grad_norm() is not None:
+            grad_norm = engine.get_global_grad_norm()
+        return {"loss": figures[0] / max(figures[1], 1), "inputs": int(figures[2]), "lr": lr,
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False}
 
-    def _train_step(self) -> dict:
+    def _agree(self, nll, count: int, inputs: int, bad_loss) -> tuple[list[float], float | None]:
+        """[nll, targets, inputs, ranks with a non-finite loss, ranks with a non-finite gradient norm] summed over
+        ranks (the step's one all-reduce, and its one host read), and the ZeRO-0 gradient norm."""
         import torch
         import torch.distributed as dist
 
-        lr = self.engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
-        nll, count, inputs = 0.0, 0, 0
-        for _ in range(self.cfg.train.grad_accum):
-            n, c, i = self._micro_batch()
-            nll, count, inputs = nll + n, count + c, inputs + i
-        # Loss over every rank's scored targets (one small all-reduce per step).
-        summed = torch.tensor([nll, count, inputs], dtype=torch.float64)
+        grad_norm = None
+        bad_grad = torch.zeros((), dtype=torch.bool, device=self.device)
+        if self.cfg.deepspeed.zero_stage == 0:
+            # The gradients are whole (and averaged over ranks) here, so their norm is the global one, before
+            # clipping, as ZeRO reports it. One pass over them: the check a plain torch optimizer lacks.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+            bad_grad, grad_norm = ~torch.isfinite(norm), norm
+        summed = torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=self.device),
+                              torch.tensor(float(inputs), dtype=torch.float64, device=self.device),
+                              bad_loss.double(), bad_grad.double()])
         if self.info.world_size > 1:
             dist.all_reduce(summed)
-        self.step += 1
-        self.tokens_seen += int(summed[1])
-        loss = float(summed[0] / max(summed[1], 1))
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is None:
-            grad_norm = getattr(self, "stage0_grad_norm", None)
-        return {"loss": loss, "inputs": int(summed[2]), "lr": lr,
-                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
+        figures = summed.tolist()
+        return figures, (float(grad_norm) if grad_norm is not None else None)
+
+    def _skipped(self, figures: list[float]) -> dict:
+        """After a skipped step: count it, empty the memory, say so on rank 0; the metrics row holds no loss."""
+        self.skipped_steps += 1
+        self.bad_streak += 1
+        # The memory this step carried forward came from a forward that went wrong (it may hold inf/NaN); going
+        # back to the memory before the step would hand a lane that started a new document inside the skipped
+        # segments its previous document's memory. Empty memory is what every lane has at a document start.
+        self.recurrence.clear()
+        world = self.info.world_size
+        if figures[3] > 0:
+            why = f"the loss was not finite on {int(figures[3])} of {world} rank(s)"
+        else:
+            why = "the gradient norm was not finite"
+        if self.rank == 0:
+            print(f"memlm train: warning: step {self.step} skipped: {why}; weights, optimizer state and learning-rate "
+                  f"schedule unchanged, memory emptied ({self.bad_streak} in a row, train.max_bad_steps="
+                  f"{self.cfg.train.max_bad_steps})", file=sys.stderr, flush=True)
+        return {"loss": None, "inputs": int(figures[2]), "lr": self.engine.get_lr()[0], "grad_norm": None,
+                "skipped": True}
 
     # -- loop --------------------------------------------------------------------------------------------------
     def fit(self, tag: str | None, reshard: bool, stop_at: int | None = None) -> Path:
@@ -232,37 +296,53 @@ class Trainer:
 
             window_start, window_inputs = time.perf_counter(), 0
             while self.step < end:
-                self.norm_wanted = logged(self.step + 1)
                 result = self._train_step()
                 window_inputs += result["inputs"]
-                if logged(self.step):
+                if logged(self.step) or result["skipped"]:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
-                    row = {"step": self.step, "loss": result["loss"], "ppl": math.exp(min(result["loss"], 50.0)),
+                    loss = result["loss"]  # None on a skipped step: a row never reports a NaN
+                    row = {"step": self.step, "loss": loss,
+                           "ppl": math.exp(min(loss, 50.0)) if loss is not None else None,
                            "lr": result["lr"], "grad_norm": result["grad_norm"],
                            "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen,
-                           "peak_mem_mb": peak_memory_mb(self.device)}
+                           "skipped_steps": self.skipped_steps, "peak_mem_mb": peak_memory_mb(self.device)}
                     if self.rank == 0:
                         with metrics_path.open("a") as f:
                             f.write(json.dumps(row) + "\n")
-                    tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step"})
-                    progress.update(row)
+                    tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step" and v is not None})
+                    if not result["skipped"]:  # a skipped step has said so in its own line
+                        progress.update(row)
                     if self.reporter is not None:
                         self.reporter(row)
                     window_start, window_inputs = time.perf_counter(), 0
+                if self.bad_streak >= cfg.max_bad_steps:
+                    raise TrainingStopped(self._stop_message())
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
                     self._evaluate(tracker)
                 if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end:
-                    self.save()
+                    if self.bad_streak == 0:
+                        self.save()
+                    elif self.rank == 0:  # the weights may be what goes wrong: keep the last good checkpoint
+                        print(f"memlm train: warning: no checkpoint at step {self.step}: the last step was skipped",
+                              file=sys.stderr, flush=True)
             status = "FINISHED"
         finally:
             progress.close()
             tracker.finish(status)
         return self.run_dir
 
+    def _stop_message(self) -> str:
+        tag = checkpoint.latest_tag(self.ckpt_dir)
+        last = (f"the last good checkpoint {self.ckpt_dir / tag} is untouched; resume from it" if tag else
+                "no checkpoint was written; start again")
+        return (f"training stopped at step {self.step}: {self.bad_streak} steps in a row had a non-finite loss or "
+                f"gradient norm (train.max_bad_steps={self.cfg.train.max_bad_steps}); {last} with a lower train.lr "
+                "or train.clip, or look for bad data or weights near this step")
+
     def save(self) -> str:
         state = {"recurrence": self.recurrence.state_dict(), "stream": self.stream.state_dict(),
                  "rng": checkpoint.rng_state(), "step": self.step, "tokens": self.tokens_seen,
-                 **self.meta}
+                 "skipped_steps": self.skipped_steps, **self.meta}
         return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, state, self.meta,
                                self.cfg.train.keep_last)
 
@@ -297,6 +377,7 @@ class Trainer:
                               continuous=self.cfg.data.continuous)
         self.engine.train()
         checkpoint.set_rng_state(rng)
+        checkpoint.kill_point("validation", self.step, self.rank)  # test hook: before the pass is recorded
         if self.rank == 0:
             eval_json = self.run_dir / "eval" / f"step{self.step}.json"
             eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
