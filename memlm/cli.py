@@ -26,8 +26,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage mistakes as one line, like every other memlm error (its sub-commands inherit it)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"memlm: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="memlm", description="Train and evaluate segment-recurrent memory language models."
     )
     # The deepspeed launcher puts --local_rank=N before the command; LOCAL_RANK in the environment says the same.

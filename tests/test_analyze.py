@@ -4,7 +4,7 @@ LaMemo's alpha is recomputed here from the paper's definitions (eq. 10-11) with 
 model's weights: look-ahead scores of each memory position over the window ending at the segment's first token,
 s_ahead = sum of their exponentials, alpha = s_past / (s_past + s_ahead + eps), and the refreshed memory
 C' = alpha C + (1 - alpha) A that the model carries to the next segment.
-Cost: ~15 s on 2 cores (two 2-step trainer runs, one tracked in a temporary MLflow store).
+Cost: ~22 s on 2 cores (two 2-step trainer runs, one tracked in a temporary MLflow store).
 """
 
 from __future__ import annotations

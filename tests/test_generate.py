@@ -5,7 +5,7 @@ The reference for decoding is the model's own forward over whole segments (the d
 predicts, tested against the papers elsewhere); the decoder shares no code path with it beyond `attend` and the
 layers' projections. Weights use init_std 0.3 so attention is far from uniform: the same comparison with the
 memory dropped differs by several nats, so a decoder that lost or mis-placed memory could not pass.
-Cost: ~35 s on 2 cores (two tiny copy models trained for 500 steps, two 2-step trainer runs).
+Cost: ~25 s on 2 cores at load ~5 (two tiny copy models trained for 500 steps, two 2-step trainer runs).
 """
 
 from __future__ import annotations

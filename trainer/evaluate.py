@@ -164,7 +164,10 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         if owned:
             import torch.distributed as dist
 
-            dist.destroy_process_group()
+            try:
+                dist.barrier()  # no rank tears gloo down while another still talks to it (a SIGABRT at exit)
+            finally:
+                dist.destroy_process_group()
     result["step"] = step_of(tag)
     if rank == 0:
         path = Path(json_path) if json_path else (

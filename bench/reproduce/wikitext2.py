@@ -62,7 +62,7 @@ PROFILES = {
     # CI: a few hundred lines of each split, a width-32 model, 3 steps; proves the pipeline, never the quality.
     "smoke": {"steps": 3, "seeds": [1], "overrides": [
         "model.n_layer=2", "model.n_head=2", "model.d_head=16", "model.d_model=32", "model.d_inner=64",
-        "model.tgt_len=8", "model.mem_len=8", "model.cutoffs=[200,1000]", "data.batch_size=2",
+        "model.tgt_len=8", "model.mem_len=8", "model.cutoffs=[100,500]", "data.batch_size=2",
         "train.warmup_steps=1", "train.log_every=1"],
         "rmt": ["model.num_mem_tokens=2", "model.bptt_depth=1"]},
 }
@@ -110,18 +110,19 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
         f"tracking.uri={uri}", f"tracking.experiment={experiment}", f"tracking.run_name={name}"]
     load_before = load()
     # A training that finished while its evaluations did not (the experiment was stopped): evaluate it only.
-    train_s = float("nan") if trained else memlm(["train", str(PRESET), *overrides, "--out", str(run_dir)], log)
+    train_s = None if trained else memlm(["train", str(PRESET), *overrides, "--out", str(run_dir)], log)
     evals, eval_s = {}, {}
     for split in ("valid", "test"):
         path = run_dir / "eval" / f"{split}.json"
         eval_s[split] = memlm(["eval", str(run_dir), "--split", split, "--json", str(path)], log)
         evals[split] = read_json(path)
     row = summarize_run(variant, label, seed, run_dir, evals)
-    row.update(train_seconds=round(train_s, 1), eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
+    row.update(train_seconds=None if train_s is None else round(train_s, 1), eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
                load_before=load_before, load_after=load())
     write_json(row_path, row)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: test ppl {row['test_ppl']:.2f}, valid ppl {row['valid_ppl']:.2f}, "
-          f"{row['tokens_per_s']:.0f} tokens/s, {train_s / 60:.1f} min (load {load()[0]})", flush=True)
+          f"{row['tokens_per_s']:.0f} tokens/s, " + (f"{train_s / 60:.1f} min" if train_s else "evaluated only") +
+          f" (load {load()[0]})", flush=True)
     return row
 
 
