@@ -105,6 +105,20 @@ def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
     assert resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])
 
 
+def test_reshard_reads_a_zero0_checkpoint(data, tmp_path, capsys):
+    """--reshard from a ZeRO-0 run (which holds no optimizer partitions for zero_to_fp32 to read): the module
+    weights of its model-state file start the new run (a curriculum's next stage, e.g. bench/reproduce)."""
+    trained = tmp_path / "z0"
+    train_in_process("txl", data, trained, train__steps=3 * K, train__save_every=3 * K)
+    fresh = train_in_process("txl", data, tmp_path / "fresh", train__steps=2)
+    before = len(metrics(trained))
+    capsys.readouterr()
+    rc = main(["train", preset("txl"), *overrides(data, train__steps=2), "--out", str(trained), "--reshard"])
+    assert rc == 0 and "warning: --reshard loaded only the weights" in capsys.readouterr().err
+    resharded = metrics(trained)[before]
+    assert resharded["step"] == 1 and resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])
+
+
 @pytest.mark.parametrize("variant", [
     dict(model__bptt_mode="window", model__mem_len=8, model__aux_loss_weight=0.01),
     dict(model__bptt_mode="window", model__bptt_depth=3, model__bptt_replay_loss="true"),

@@ -66,7 +66,10 @@ def test_copy_reverse_smoke(tmp_path):
     result = json.loads((work / "reproduce_tasks_smoke.json").read_text())
     assert (work / "reproduce_tasks_smoke.png").is_file() and _finite_numbers(result)
     assert {(r["segments"], r["arch"]) for r in result["runs"]} == {
-        (s, a) for s in (1, 2) for a in ("transformer", "txl", "rmt")}
+        (s, a) for s in (2, 4) for a in ("transformer", "txl", "rmt")} | {(4, "rmt_cur")}
+    # The curriculum run starts from the weights of the plain RMT at 2 segments.
+    (cur,) = [r for r in result["runs"] if r["arch"] == "rmt_cur"]
+    assert cur["init_from"].endswith("reverse-S2-rmt")
     from data_pipeline.tasks import generate
 
     for run in result["runs"]:

@@ -167,9 +167,11 @@ class Trainer:
 
     def _load_resharded(self, tag: str) -> None:
         # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        # evaluate.load_weights reads any ZeRO stage (zero_to_fp32 alone fails on a ZeRO-0 folder, which holds no
+        # optimizer partitions) and refuses a file that could run code.
+        from .evaluate import load_weights
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(self.ckpt_dir), tag=tag)
+        state = load_weights(self.ckpt_dir, tag)
         if self.cfg.deepspeed.zero_stage == 3:
             from deepspeed import zero
 

@@ -2,7 +2,7 @@
 no-memory Transformer+RPE, Transformer-XL (M = N) and RMT.
 
     .venv/bin/python bench/reproduce/copy_reverse.py                   # -> bench/results/reproduce_tasks_cpu.json
-    .venv/bin/python bench/reproduce/copy_reverse.py --profile smoke   # CI: 1 and 2 segments, 3 steps
+    .venv/bin/python bench/reproduce/copy_reverse.py --profile smoke   # CI: 2 and 4 segments, 3 steps
 
 The segment length stays N = 8 (configs/repro_tasks_small.yaml), so every run reads the same tokens per step; the
 number of segments a sample spans comes from the task length L: a copy sample is `L symbols > the L symbols
@@ -34,10 +34,15 @@ PRESET = ROOT / "configs" / "repro_tasks_small.yaml"
 N = 8
 ARCHS = {"transformer": ("Transformer+RPE", ["model.arch=transformer", "model.mem_len=0"]),
          "txl": ("Transformer-XL (M = N)", ["model.arch=txl"]),
-         "rmt": ("RMT (8 memory tokens)", ["model.arch=rmt", "model.mem_len=0", "model.num_mem_tokens=8"])}
+         "rmt": ("RMT (8 memory tokens)", ["model.arch=rmt", "model.mem_len=0", "model.num_mem_tokens=8"]),
+         # The same RMT, each segment count starting from the weights trained at the previous one (2 -> 4 -> 6),
+         # as the RMT authors' later work trains: `memlm train --resume --reshard` loads the weights only.
+         "rmt_cur": ("RMT, curriculum over segments", ["model.arch=rmt", "model.mem_len=0",
+                                                       "model.num_mem_tokens=8"])}
+CURRICULUM_FROM = 2  # the curriculum starts from the plain RMT run at this segment count
 PROFILES = {
     "cpu": {"segments": [1, 2, 4, 6], "steps": 2000, "docs": "10000,200,500", "overrides": []},
-    "smoke": {"segments": [1, 2], "steps": 3, "docs": "64,16,16",
+    "smoke": {"segments": [2, 4], "steps": 3, "docs": "64,16,16",
               "overrides": ["model.d_model=32", "model.n_head=2", "model.d_inner=64", "train.warmup_steps=1",
                             "train.log_every=1", "data.batch_size=4", "data.eval_batch_size=4"]},
 }
@@ -62,7 +67,9 @@ def prepare(task: str, length: int, work: Path, docs: str) -> Path:
     return data
 
 
-def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, uri: str) -> dict:
+def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, uri: str,
+            init_from: Path | None = None) -> dict:
+    """Train and evaluate one (task, segments, arch); init_from: a run folder whose final weights start this one."""
     spec = PROFILES[profile]
     length = task_length(task, segments)
     spans = math.ceil(sample_tokens(task, length) / N)
@@ -82,14 +89,21 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
         f"train.steps={spec['steps']}", f"data.path={data}", f"tracking.uri={uri}",
         f"tracking.experiment=memlm-reproduce-tasks-{profile}", f"tracking.run_name={name}"]
     start = time.perf_counter()
-    memlm(["train", str(PRESET), *overrides, "--out", str(run_dir)], log)
+    resume = []
+    if init_from is not None:  # weights only: the optimizer, schedule and data position start over
+        # Under its own tag, so this run's final checkpoint (the same step number) never meets it.
+        source = init_from / "checkpoints"
+        shutil.copytree(source / (source / "latest").read_text().strip(), run_dir / "checkpoints" / "init")
+        (run_dir / "checkpoints" / "latest").write_text("init")
+        resume = ["--resume", "--reshard"]
+    memlm(["train", str(PRESET), *overrides, "--out", str(run_dir), *resume], log)
     train_s = time.perf_counter() - start
     path = run_dir / "eval" / "test.json"
     memlm(["eval", str(run_dir), "--split", "test", "--json", str(path)], log)
     result = read_json(path)
     if "accuracy" not in result or not math.isfinite(result["nll"]):
         raise ExperimentError(f"{name}: the test evaluation gave no accuracy or a non-finite NLL ({path})")
-    row = {"task": task, "segments": segments, "segments_spanned": spans, "task_length": length,
+    row = {"task": task, "segments": segments, "init_from": shown(init_from) if init_from else None, "segments_spanned": spans, "task_length": length,
            "sample_tokens": sample_tokens(task, length), "arch": arch, "label": label,
            "accuracy": result["accuracy"], "answer_nll": result["nll"], "scored_tokens": result["tokens"],
            "documents": result["documents"], "steps": spec["steps"], "train_seconds": round(train_s, 1),
@@ -97,6 +111,24 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
     write_json(row_path, row)
     print(f"[{time.strftime('%H:%M:%S')}] {name} (L {length}, {spans} segments): accuracy {row['accuracy']:.3f}, "
           f"answer nll {row['answer_nll']:.3f}, {train_s / 60:.1f} min (load {load()[0]})", flush=True)
+    return row
+
+
+def curriculum(task: str, *, profile: str, work: Path, uri: str, plain_queued: bool) -> dict:
+    """RMT at each segment count above CURRICULUM_FROM, started from the previous count's weights.
+
+    plain_queued: the plain RMT run at CURRICULUM_FROM is a job of the same queue (wait for it, never train it
+    twice); otherwise this chain trains it first."""
+    previous = work / "runs" / f"{task}-S{CURRICULUM_FROM}-rmt"
+    if plain_queued:
+        while not (previous / "reproduce_row.json").is_file():
+            time.sleep(5)
+    else:
+        one_run(task, CURRICULUM_FROM, "rmt", profile=profile, work=work, uri=uri)
+    row = {}
+    for segments in [s for s in PROFILES[profile]["segments"] if s > CURRICULUM_FROM]:
+        row = one_run(task, segments, "rmt_cur", profile=profile, work=work, uri=uri, init_from=previous)
+        previous = work / "runs" / f"{task}-S{segments}-rmt_cur"
     return row
 
 
@@ -133,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="data, runs and logs (default runs/reproduce/tasks-PROFILE)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     parser.add_argument("--tasks", default="copy,reverse")
-    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--archs", default=",".join(ARCHS), help="subset of: " + ", ".join(ARCHS))
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_tasks_PROFILE.json)")
     args = parser.parse_args(argv)
     work = (args.work or ROOT / "runs" / "reproduce" / f"tasks-{args.profile}").resolve()
@@ -145,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"unknown task or arch: {', '.join(bad)}")
     jobs = [partial(one_run, task, s, arch, profile=args.profile, work=work, uri=uri)
-            for s in spec["segments"] for task in tasks for arch in archs]
+            for s in spec["segments"] for task in tasks for arch in archs if arch != "rmt_cur"]
+    if "rmt_cur" in archs:  # one chain per task, after the plain runs it starts from
+        jobs += [partial(curriculum, task, profile=args.profile, work=work, uri=uri, plain_queued="rmt" in archs)
+                 for task in tasks]
     started, load_start = time.time(), load()
     try:
         for task in tasks:  # data first, one at a time (the jobs below only read it)
