@@ -106,3 +106,21 @@ def test_op_cache_is_keyed_by_the_environment(monkeypatch):
     assert runtime.use_own_extension_cache() == str(runtime.extension_cache_dir())
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
     assert runtime.use_own_extension_cache() == "/somewhere/else"  # the user's choice wins
+
+
+def test_a_stale_op_build_lock_is_named_in_one_warning(tmp_path, capsys):
+    """A builder killed mid-build leaves `lock` behind and DeepSpeed waits on it forever: memlm names it."""
+    import os
+
+    from trainer.runtime import STALE_LOCK_SECONDS, warn_stale_build_locks
+
+    fresh, old = tmp_path / "op_a" / "lock", tmp_path / "op_b" / "lock"
+    for lock in (fresh, old):
+        lock.parent.mkdir()
+        lock.touch()
+    now = old.stat().st_mtime + STALE_LOCK_SECONDS + 60
+    os.utime(fresh, (now - 10, now - 10))  # a build that is running right now
+    assert warn_stale_build_locks(tmp_path, now=now) == [old]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(old) in lines[0] and "delete it" in lines[0]
+    assert warn_stale_build_locks(tmp_path / "missing") == []

@@ -135,7 +135,33 @@ def use_own_extension_cache() -> str:
     return os.environ["TORCH_EXTENSIONS_DIR"]
 
 
+STALE_LOCK_SECONDS = 300  # an op build takes ~30-60 s; a lock this old was left by a process killed mid-build
+
+
+def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) -> list[Path]:
+    """Op build locks in FOLDER older than STALE_LOCK_SECONDS, each named in one warning line.
+
+    torch's extension builder holds a plain `lock` file while it compiles and every other process waits, forever,
+    for it to disappear; a builder killed mid-build (Ctrl-C, SIGKILL, a preempted node) leaves it behind, and every
+    later run then hangs silently right after its thread line. Deleting it is safe once no build is running, which
+    only the user can know, so this says what to delete instead of deleting it."""
+    import time
+
+    now = time.time() if now is None else now
+    stale = []
+    for lock in sorted(Path(folder).glob("*/lock")):
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:  # removed by its builder meanwhile
+            continue
+        if age > STALE_LOCK_SECONDS:
+            stale.append(lock)
+            print(f"memlm: warning: {lock} is {age / 60:.0f} min old: DeepSpeed will wait for it forever; if no other "
+                  "process is building that op, delete it", file=sys.stderr, flush=True)
+    return stale
+
+
 def prepare_process(cpus: float | None = None, who: str = "") -> ThreadChoice:
-    """Both of the above: what train, eval and the Ray tasks call first."""
-    use_own_extension_cache()
+    """Both of the above: what train, eval and the Ray tasks call first (and a word on a stale op build lock)."""
+    warn_stale_build_locks(use_own_extension_cache())
     return fit_threads(cpus, who)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, load, machine, memlm,  # noqa: E402
                                     read_json, shown, write_json)
 
-MULTS = {"cpu": "1-10", "gpu": "1-10", "smoke": "1,2"}
+MULTS = {"cpu": "1-10", "cpu_long": "1,4,10", "gpu": "1-10", "smoke": "1,2"}
 ARCHS = ("txl", "lamemo")
 
 
