@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.progress import format_duration
+from data_pipeline.progress import format_duration
 
 from .errors import ClusterError
 from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len

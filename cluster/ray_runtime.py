@@ -35,7 +35,7 @@ QUIET_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
     # A worker's output reaches the driver's console prefixed by Ray: training's per-step lines and evaluation
-    # progress from every trial or task would bury the driver's own one line per trial / task (trainer.progress).
+    # progress from every trial or task would bury the driver's own one line per trial / task (data_pipeline.progress).
     "MEMLM_PROGRESS": "0",
 }
 

@@ -199,7 +199,7 @@ def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_to
            total: int | None = None) -> dict:
     """One split to shards, with progress (documents and tokens done; an ETA when `total` documents is known):
     a bar on a terminal, else a line every 15 s on stderr; progress=False shows nothing."""
-    from trainer.progress import Meter, is_terminal
+    from data_pipeline.progress import Meter, is_terminal
 
     start = time.perf_counter()
     meter = Meter(f"prepare {split}", total=total, unit="doc", enabled=progress is not False)

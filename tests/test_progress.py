@@ -5,7 +5,7 @@ import io
 import json
 import re
 
-from trainer.progress import Meter
+from data_pipeline.progress import Meter
 
 ANSI = re.compile(r"\x1b\[")
 

@@ -66,7 +66,7 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
     tokens = torch.zeros((), dtype=torch.float64, device=device)
     documents = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.float64, device=device)
-    from .progress import Meter
+    from data_pipeline.progress import Meter
 
     total = stream.num_batches if not max_batches else min(max_batches, stream.num_batches or max_batches)
     meter = Meter(f"eval {split}", total=total, unit="batch", enabled=progress and rank == 0,

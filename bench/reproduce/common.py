@@ -87,6 +87,17 @@ def last_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (110 dpi) and close a matplotlib figure; returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def shown(path: Path) -> str:
     """PATH relative to the repository when it lies inside it (results JSON stays machine-independent)."""
     path = Path(path).resolve()

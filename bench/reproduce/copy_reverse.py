@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, load, machine, memlm,  # noqa: E402
-                                    read_json, run_queue, shown, write_json)
+                                    read_json, run_queue, save_figure, shown, write_json)
 
 PRESET = ROOT / "configs" / "repro_tasks_small.yaml"
 N = 8
@@ -152,11 +152,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_xticks(sorted({r["segments"] for r in rows}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError, last_metrics,  # noqa: E402
-                                    load, machine, mean_spread, median, memlm, read_json, run_queue, shown,
+                                    load, machine, mean_spread, median, memlm, read_json, run_queue, save_figure, shown,
                                     write_json)
 
 PRESET = ROOT / "configs" / "repro_wt2_small.yaml"
@@ -202,11 +202,7 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("test perplexity (lower is better)")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
