@@ -154,7 +154,7 @@ def profile(runners: dict[str, Runner], dtype: str, args, out_dir: Path) -> dict
         shapes = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=25)
         path = out_dir / f"profile_{arch}_{dtype}_{args.device}.txt"
         path.write_text(f"{arch} {dtype} 3 steps\n\n{table}\n\nby input shape\n\n{shapes}\n")
-        paths[arch] = str(path.relative_to(ROOT))
+        paths[arch] = str(path.relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
     return paths
 
 

@@ -265,6 +265,9 @@ def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
 
 
 def main(args) -> int:
+    from trainer.runtime import prepare_process
+
+    prepare_process(who="analyze")  # threads that fit the cores
     result = analyze_run(args.run_dir, split=args.split, segments=args.segments)
     print(f"{args.run_dir}: {result['arch']}, {result['segments']} {args.split} segments")
     summary = result.get("attention_intervals")

@@ -299,6 +299,9 @@ def main(args) -> int:
 
     settings = SamplingSettings(args.tokens, args.temperature, args.top_k, args.top_p, args.seed).validate()
     prompt = read_prompt(args.prompt, args.prompt_file)
+    from trainer.runtime import prepare_process
+
+    prepare_process(who="generate")  # threads that fit the cores; its line goes to stderr, the text to stdout
     device = "cuda" if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu" else "cpu"
     # stdout carries the generated text only: DeepSpeed (imported while loading a checkpoint) logs to the stdout
     # it finds at import time, so it is imported with stdout pointing at stderr.

@@ -1,5 +1,5 @@
 """What every memlm process sets up before torch does any work: torch threads that fit the cores it owns, and a
-DeepSpeed op cache keyed by its environment.
+DeepSpeed op cache keyed by its environment (and glibc malloc settings, trainer/allocator.py).
 
 Threads. torch starts one OpenMP thread per core of the machine by default. Two such processes on the same cores
 (the ranks of one job, a Ray trial beside another, an evaluation beside a training run) spin for cores that are
@@ -162,6 +162,10 @@ def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) 
 
 
 def prepare_process(cpus: float | None = None, who: str = "") -> ThreadChoice:
-    """Both of the above: what train, eval and the Ray tasks call first (and a word on a stale op build lock)."""
+    """Both of the above: what train, eval and the Ray tasks call first (and a word on a stale op build lock);
+    also keeps malloc from returning each step's memory to the kernel (trainer/allocator.py)."""
+    from trainer.allocator import tune_allocator
+
+    tune_allocator()
     warn_stale_build_locks(use_own_extension_cache())
     return fit_threads(cpus, who)
