@@ -273,8 +273,9 @@ def zero_worker(args) -> None:
     import deepspeed  # noqa: F401  (the runtime a rank carries, imported before the baseline)
 
     rss_start = rss_bytes()
+    ds_settings = {f"deepspeed.{k}": int(v) for k, v in (item.split("=", 1) for item in args.ds or [])}
     cfg = config_from_dict({}, overrides(Path(args.data), "txl", M, **{
-        "train.steps": args.steps, "deepspeed.zero_stage": args.stage}))
+        "train.steps": args.steps, "deepspeed.zero_stage": args.stage, **ds_settings}))
     manifest = load_manifest(cfg.data.path)
     check_vocab_size(manifest, cfg.model.vocab_size)
     meta = {"world_size": info.world_size, "arch": "txl", "tokenizer": _tokenizer_id(manifest), "seed": cfg.train.seed}
@@ -328,10 +329,17 @@ def zero_worker(args) -> None:
     Path(args.json).with_name(f"{Path(args.json).stem}-rank{info.rank}.json").write_text(json.dumps(result) + "\n")
 
 
-def run_zero_case(args, data: Path, work: Path, stage: int, world: int) -> list[dict]:
-    out = work / f"zero{stage}-w{world}.json"
+# ZeRO-3 brought to its sharded footprint with the two settings DeepSpeed's defaults leave large (a gradient bucket
+# of 2M elements instead of 5e8, no whole-parameter persistence): the `--zero3-sharded` cases.
+ZERO3_SHARDED = ("reduce_bucket_size=2000000", "param_persistence_threshold=0")
+
+
+def run_zero_case(args, data: Path, work: Path, stage: int, world: int, ds: tuple[str, ...] = ()) -> list[dict]:
+    tag = f"zero{stage}-w{world}" + ("-tuned" if ds else "")
+    out = work / f"{tag}.json"
     worker = [str(Path(__file__).resolve()), "--worker", "zero", "--stage", str(stage), "--steps", str(args.steps),
-              "--data", str(data), "--run-dir", str(work / f"run-zero{stage}-w{world}"), "--json", str(out)]
+              "--data", str(data), "--run-dir", str(work / f"run-{tag}"), "--json", str(out),
+              *(a for item in ds for a in ("--ds", item))]
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
                 if world > 1 else [sys.executable])
     proc = subprocess.run([*launcher, *worker], cwd=ROOT, env=child_env(), capture_output=True, text=True,
@@ -631,6 +639,9 @@ def main() -> None:
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--skip-zero", action="store_true")
+    parser.add_argument("--zero3-sharded", action="store_true",
+                        help=f"also ZeRO-3 with deepspeed.{' and deepspeed.'.join(ZERO3_SHARDED)} at each world size")
+    parser.add_argument("--ds", action="append", help=argparse.SUPPRESS)  # worker: deepspeed.KEY=INT settings
     parser.add_argument("--skip-state", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--data", help="an already prepared WikiText-2 BPE-8k folder (else prepared here)")
@@ -681,6 +692,16 @@ def main() -> None:
                     print(f"ZeRO-{stage} W={world}: rank 0 model state {mb(r0['model_state_total_resident'])} MiB "
                           f"resident (expected {mb(r0['model_state_total_expected'])}), peak RSS "
                           f"{r0['peak_rss_mb']:.0f} MiB", flush=True)
+        if args.zero3_sharded:
+            report["zero3_sharded"] = {"settings": list(ZERO3_SHARDED), "cases": []}
+            for world in args.worlds:
+                ranks = run_zero_case(args, data, work, 3, world, ZERO3_SHARDED)
+                case = {"stage": 3, "world_size": world, "ranks": [summarize_rank(r) for r in ranks], "raw": ranks}
+                report["zero3_sharded"]["cases"].append(case)
+                r0 = case["ranks"][0]
+                print(f"ZeRO-3 W={world} with {', '.join(ZERO3_SHARDED)}: rank 0 model state "
+                      f"{mb(r0['model_state_total_resident'])} MiB resident (expected "
+                      f"{mb(r0['model_state_total_expected'])}), peak RSS {r0['peak_rss_mb']:.0f} MiB", flush=True)
         if not args.skip_state:
             report["state"] = memory_states(data)
             print("memory states done", flush=True)

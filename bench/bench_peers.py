@@ -17,6 +17,13 @@ hits them alike; the figure is the median step time, tokens/s = lanes x N / medi
 ratio of tokens/s (> 1: memlm faster), also as the median of per-round ratios ("paired"). Parameters and the
 loss at init on the same batch (~ln V for all) are printed to show the same function class.
 
+The hardware limit, in the same process: after warm-up, one more step of each model is recorded
+(peers/matmul_floor.py) and the matrix multiplications it executed are replayed on their own, timed right after
+each of that model's timed steps. "matmuls only" is that replay's median time with the step's matmul GFLOP and
+the rate this core reached on them; "step / matmuls" is how much longer the whole step takes; "ceiling" is the
+memlm/peer ratio memlm would reach if its step took only its matmuls' time, i.e. the most that any
+implementation of memlm's computation on these BLAS kernels could show against that peer.
+
 Shapes: "small" (4 layers, d 256, 4 x 64 heads, d_inner 1024, N = M = 128, 8 lanes, V 8000, plain softmax; all
 models in one group) and "wt103" (configs/wt103_base_txl.yaml: 16 layers, d 410, 10 x 41 heads, d_inner 2100,
 N = M = 150, V 267,735 with adaptive softmax cutoffs 20k/40k/200k, 2 lanes; 1 warm-up and 2 timed steps, 3-9 s
@@ -130,6 +137,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     torch.set_num_interop_threads(1)
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from peers import PRECISIONS, RUNNERS, Shape, make_batches
+    from peers.matmul_floor import MatmulFloor
+    from trainer.allocator import tune_allocator
+
+    # memlm's processes keep their step memory mapped (trainer/allocator.py); in this one process every model,
+    # peers included, runs under that setting, so it changes no ratio (bench_allocator.py measures it alone).
+    allocator = tune_allocator()
 
     shapes = {
         "small": Shape("small", n_layer=4, d_model=256, n_head=4, d_head=64, d_inner=1024, vocab=8000, tgt_len=128,
@@ -180,6 +193,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                                                   "hyper-connections", "labml-nn", "labml", "einops")},
         "optimizer": "torch.optim.Adam(lr=2.5e-4), defaults otherwise; clip_grad_norm_ 0.25; zero_grad(set_to_none)",
         "loadavg_start": os.getloadavg(),
+        "allocator": {"tuned": allocator.tuned, "reason": allocator.reason},
         "shapes": {},
     }
     md_parts = [f"# Peer benchmark (`bench/bench_peers.py`)\n\ntorch {torch.__version__}, 1 thread, {cpu_name()}; "
@@ -191,7 +205,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             from dataclasses import replace
 
             shape = replace(shape, steps=args.steps if args.steps is not None else shape.steps,
-                            warmup=args.warmup if args.warmup is not None else shape.warmup)
+                            # at least one: the matmul floor is recorded on a step that carries memory
+                            warmup=max(1, args.warmup) if args.warmup is not None else shape.warmup)
         groups, seen = [], set()
         for g in shape.groups or (tuple(RUNNERS),):
             g = tuple(e for e in g if e.partition(":")[0] in wanted)
@@ -233,15 +248,25 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                     runners.pop(key, None)
                     g["models"].pop(key, None)
 
+                floors = {}
                 for key, r in list(runners.items()):
                     try:
                         g["models"][key] = {"loss_at_init": r.loss_at_init(batches[0], precision)}
                     except Exception as e:
                         drop(key, "forward", e)
                 times = {k: [] for k in runners}
+                floor_times = {k: [] for k in runners}
                 losses = {k: [] for k in runners}
                 for i in range(shape.warmup + shape.steps):
                     for key, r in list(runners.items()):
+                        if i == max(1, shape.warmup) and key not in floors:
+                            # one extra step, with the memory that warm-up carried in, recorded: its matmuls are
+                            # replayed after each of the model's timed steps
+                            try:
+                                floors[key] = MatmulFloor(r, batches[-1], precision)
+                            except Exception as e:
+                                drop(key, "matmul recording", e)
+                                continue
                         t = time.perf_counter()
                         try:
                             loss = r.step(batches[i % len(batches)], precision)
@@ -251,15 +276,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         dt = time.perf_counter() - t
                         if i >= shape.warmup:
                             times[key].append(dt)
+                            floor_times[key].append(floors[key].time())
                         losses[key].append(loss)
                 g["wall_s"] = time.time() - t0
                 g["loadavg_after"] = os.getloadavg()
                 tokens = shape.lanes * shape.tgt_len
                 for key in runners:
                     med = statistics.median(times[key])
+                    floor = statistics.median(floor_times[key])
                     g["models"][key].update({
                         "median_step_s": med, "min_step_s": min(times[key]), "step_times_s": times[key],
                         "tokens_per_s": tokens / med, "losses": losses[key],
+                        "matmul_floor_s": floor, "matmul_floor_times_s": floor_times[key],
+                        "matmul_calls": floors[key].n_calls, "matmul_flops_per_step": floors[key].flops,
+                        "matmul_gflops_per_s": floors[key].flops / floor / 1e9, "step_over_floor": med / floor,
                     })
                 for key, r in runners.items():
                     base = next((e for e in runners if r.compare_with and e.partition(":")[0] == r.compare_with), None)
@@ -269,6 +299,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                             "memlm": base,
                             "memlm_over_peer_tokens_per_s": statistics.median(peer_t) / statistics.median(memlm_t),
                             "memlm_over_peer_paired": statistics.median(p / m for p, m in zip(peer_t, memlm_t)),
+                            # what memlm/peer would be if memlm's step took only its matmuls' time
+                            "ceiling_peer_over_memlm_floor": statistics.median(peer_t) / statistics.median(
+                                floor_times[base]),
                         }
                 line = "  ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in g["models"].items())
                 print(f"  {line}  (load {g['loadavg_before'][0]:.2f} -> {g['loadavg_after'][0]:.2f}, "
@@ -305,8 +338,9 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             f"d_inner {s.d_inner}, N = M = {s.tgt_len}, {s.lanes} lanes, V {s.vocab:,}"
             + (f" (adaptive softmax {'/'.join(f'{c // 1000}k' for c in s.cutoffs)})" if s.cutoffs else "")
             + f", R = {s.mem_tokens} RMT memory tokens; {s.warmup} warm-up + {s.steps} timed rounds\n\n")
-    rows = ["| group | model | library | params (body) | loss at init | ms/step | tokens/s | memlm/peer (paired) "
-            "| load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| group | model | library | params (body) | loss at init | ms/step | tokens/s | matmuls only: ms "
+            "(GFLOP, GFLOP/s) | step / matmuls | memlm/peer (paired) | ceiling | load avg |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     models = shape_report["models"]
     for gi, g in enumerate(shape_report["results"][precision], 1):
         load = f"{g['loadavg_before'][0]:.2f} -> {g['loadavg_after'][0]:.2f}"
@@ -315,15 +349,18 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             pair = g["pairs"].get(key)
             ratio = (f"{pair['memlm_over_peer_tokens_per_s']:.2f}x ({pair['memlm_over_peer_paired']:.2f}x)"
                      if pair else "")
+            ceiling = f"{pair['ceiling_peer_over_memlm_floor']:.2f}x" if pair else ""
+            floor = (f"{1000 * m['matmul_floor_s']:.0f} ({m['matmul_flops_per_step'] / 1e9:.1f}, "
+                     f"{m['matmul_gflops_per_s']:.0f})")
             rows.append(
                 f"| {gi} | {info['label']} | {info['library']} | {info['params']['total']:,} "
                 f"({info['params']['body']:,}) | {m['loss_at_init']:.3f} | {1000 * m['median_step_s']:.0f} "
-                f"| {m['tokens_per_s']:,.0f} | {ratio} | {load} |"
+                f"| {m['tokens_per_s']:,.0f} | {floor} | {m['step_over_floor']:.2f} | {ratio} | {ceiling} | {load} |"
             )
         for key, why in g["skipped"].items():
-            rows.append(f"| {gi} | {models.get(key, {}).get('label', key)} | | | | | | skipped: {why} | |")
+            rows.append(f"| {gi} | {models.get(key, {}).get('label', key)} | | | | | | | | skipped: {why} | | |")
     for key, why in shape_report["unavailable"].items():
-        rows.append(f"| | {key} | | | | | | unavailable: {why} | |")
+        rows.append(f"| | {key} | | | | | | | | unavailable: {why} | | |")
     return head + "\n".join(rows) + "\n"
 
 

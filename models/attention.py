@@ -145,6 +145,19 @@ class RelativeAttention(nn.Module):
         k, v = self.kv_net(h).view(B, T, 2, self.n_head, self.d_head).unbind(dim=2)
         return q, k, v
 
+    def project_with_memory(self, mem: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """mem [B, M, D] rows that serve as keys only, h [B, N, D] -> q [B, N, H, E], k, v [B, M + N, H, E].
+
+        The same projections as `project(cat([mem, h]), n_query=N)`, but the memory rows go through kv_net on
+        their own: Transformer-XL's cached rows are detached, so autograd then skips their input gradient
+        (B*M*D*2HE multiply-adds per layer that the concatenated form computes and throws away).
+        """
+        B, N, _ = h.shape
+        q = self.q_net(h).view(B, N, self.n_head, self.d_head)
+        kv = self.kv_net(h) if mem.shape[1] == 0 else torch.cat([self.kv_net(mem), self.kv_net(h)], dim=1)
+        k, v = kv.view(B, kv.shape[1], 2, self.n_head, self.d_head).unbind(dim=2)
+        return q, k, v
+
     def project_positions(self, r: Tensor) -> Tensor:
         """[P, D] sinusoids -> [P, H, E]."""
         return self.r_net(r).view(r.shape[0], self.n_head, self.d_head)

@@ -31,7 +31,7 @@ from torch import Tensor
 from .attention import attend, relative_encodings
 from .backbone import Backbone
 from .output import ModelOutput, cut
-from .txl import TXLMemory, reset_valid, roll_valid
+from .txl import TXLMemory, last_rows, reset_valid, roll_valid
 
 # Block of each query row / key column in rmt_allowed.
 CACHE, READ, TOKENS, WRITE = -1, 0, 1, 2
@@ -186,11 +186,10 @@ class RecurrentMemoryTransformer(Backbone):
         new_cache = []
         for l, layer in enumerate(self.layers):
             cached = memory.cache.hidden[l].to(h.dtype)  # [B, M, D]
-            keys_in = torch.cat([cached, h], dim=1)  # [B, K, D]
             if M:
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
-                new_cache.append(cut(torch.cat([cached, rows], dim=1)[:, -M:]))
-            q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=h.shape[1])
+                new_cache.append(cut(last_rows(cached, rows, M)))
+            q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # k, v [B, K, H, E]
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,

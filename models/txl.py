@@ -33,6 +33,14 @@ def reset_valid(valid: Tensor, reset: Tensor | None) -> Tensor:
     return valid & ~reset.to(valid.device)[:, None]
 
 
+def last_rows(mem: Tensor, h: Tensor, n: int) -> Tensor:
+    """The last n rows of cat([mem, h], dim=1) ([B, M, D], [B, N, D] -> [B, n, D]), without the concatenation
+    when h alone holds them."""
+    if h.shape[1] >= n:
+        return h[:, h.shape[1] - n :]
+    return torch.cat([mem[:, mem.shape[1] - (n - h.shape[1]) :], h], dim=1)
+
+
 def roll_valid(valid: Tensor, n_new: int, mem_len: int) -> Tensor:
     """Append n_new real positions and keep the last mem_len slots."""
     return torch.cat([valid, valid.new_ones(valid.shape[0], n_new)], dim=1)[:, valid.shape[1] + n_new - mem_len :]
@@ -67,11 +75,10 @@ class TransformerXL(Backbone):
         learned = self.learned.fetch()
         new_hidden = []
         for l, layer in enumerate(self.layers):
-            keys_in = torch.cat([memory.hidden[l].to(h.dtype), h], dim=1)  # [B, K, D]
+            mem_in = memory.hidden[l].to(h.dtype)  # [B, M, D]
             if M:
-                new_hidden.append(cut(keys_in[:, -M:]))
-            x = layer.attn_input(keys_in)
-            q, k, v = layer.attn.project(x, n_query=N)
+                new_hidden.append(cut(last_rows(mem_in, h, M)))
+            q, k, v = layer.attn.project_with_memory(layer.attn_input(mem_in), layer.attn_input(h))  # k, v [B, K, H, E]
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,

@@ -279,6 +279,10 @@ def test_bad_overrides_are_named(override, expected):
     ("tiny_txl", "deepspeed.zero_stage=4", "deepspeed.zero_stage"),
     ("tiny_txl", "deepspeed.offload_params=true", "deepspeed.offload_params"),
     ("tiny_txl", "deepspeed.offload_optimizer=true", "deepspeed.offload_optimizer"),
+    ("tiny_txl", "deepspeed.reduce_bucket_size=1000000", "deepspeed.reduce_bucket_size"),  # ZeRO-0: no bucket
+    ("tiny_txl", "deepspeed.reduce_bucket_size=-1", "deepspeed.reduce_bucket_size"),
+    ("tiny_txl", "deepspeed.param_persistence_threshold=0", "deepspeed.param_persistence_threshold"),  # not ZeRO-3
+    ("tiny_txl", "deepspeed.param_persistence_threshold=-5", "deepspeed.param_persistence_threshold"),
     ("tiny_txl", "eval.mem_len=-2", "eval.mem_len"),
 ])
 def test_impossible_settings_name_their_key(preset, override, key):

@@ -109,3 +109,8 @@ def test_ds_config_from_run_config(data):
     assert ds["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu"}}
     assert ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 0.5
     assert ds["optimizer"]["type"] == "AdamW" and ds["zero_force_ds_cpu_optimizer"] is False
+    # ZeRO-3's bucket and persistence threshold reach DeepSpeed's zero_optimization block; unset, they are absent
+    zero3 = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=3, deepspeed__reduce_bucket_size=2000000,
+                                                 deepspeed__param_persistence_threshold=0))
+    assert deepspeed_config(zero3, world_size=2)["zero_optimization"] == {
+        "stage": 3, "reduce_bucket_size": 2000000, "stage3_param_persistence_threshold": 0}

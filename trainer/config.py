@@ -89,10 +89,29 @@ class DeepSpeedConfig:
     # DeepSpeed's torch Adam instead of its fused/cpu Adam: identical maths, and no minutes-long JIT build of
     # fused_adam / cpu_adam on first use (DESIGN §9). Turn off on GPUs for the fused kernels' speed.
     torch_adam: bool = True
+    # Gradient reduction bucket, in elements (ZeRO >= 1); 0 keeps DeepSpeed's default of 5e8. Under ZeRO-3 the
+    # bucket's buffer is allocated at this size and keeps a model's worth of gradients resident on every rank
+    # (bench/README.md, Memory): a few million elements bring ZeRO-3 to its sharded footprint.
+    reduce_bucket_size: int = 0
+    # ZeRO-3: parameters of at most this many elements stay whole on every rank (no gather per use); -1 keeps
+    # DeepSpeed's default of 1e5, 0 shards every parameter.
+    param_persistence_threshold: int = -1
 
     def validate(self) -> "DeepSpeedConfig":
         if not 0 <= self.zero_stage <= 3:
             raise ConfigError(f"deepspeed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.reduce_bucket_size < 0:
+            raise ConfigError(f"deepspeed.reduce_bucket_size must be >= 0 elements (0: DeepSpeed's default), "
+                              f"got {self.reduce_bucket_size}")
+        if self.reduce_bucket_size > 0 and self.zero_stage == 0:
+            raise ConfigError("deepspeed.reduce_bucket_size needs deepspeed.zero_stage >= 1 (ZeRO-0 has no reduction "
+                              "bucket), got zero_stage 0")
+        if self.param_persistence_threshold < -1:
+            raise ConfigError(f"deepspeed.param_persistence_threshold must be >= 0 elements, or -1 for DeepSpeed's "
+                              f"default, got {self.param_persistence_threshold}")
+        if self.param_persistence_threshold >= 0 and self.zero_stage != 3:
+            raise ConfigError(f"deepspeed.param_persistence_threshold needs deepspeed.zero_stage: 3 (only ZeRO-3 "
+                              f"shards parameters), got zero_stage {self.zero_stage}")
         if self.offload_params and self.zero_stage != 3:
             raise ConfigError(
                 f"deepspeed.offload_params needs deepspeed.zero_stage: 3 (parameter offload is ZeRO-3 only), "

@@ -21,6 +21,10 @@ def deepspeed_config(cfg, world_size: int) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
     if ds.offload_params:
         zero["offload_param"] = {"device": "cpu"}
+    if ds.reduce_bucket_size > 0:
+        zero["reduce_bucket_size"] = ds.reduce_bucket_size
+    if ds.param_persistence_threshold >= 0:
+        zero["stage3_param_persistence_threshold"] = ds.param_persistence_threshold
     conf = {
         "train_micro_batch_size_per_gpu": cfg.data.batch_size,
         "gradient_accumulation_steps": t.grad_accum,
