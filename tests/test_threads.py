@@ -55,13 +55,19 @@ def test_two_ranks_under_the_deepspeed_launcher_share_the_cores(data, tmp_path):
     """The deepspeed launcher sets no OMP_NUM_THREADS: each of its 2 ranks must take half the cores."""
     from trainer.distributed import free_port
 
+    from trainer.distributed import shm_buffer_path
+
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
+    port = str(free_port())
     cmd = [str(DEEPSPEED), "--hostfile", str(hostfile), "--num_gpus", "2", "--no_ssh_check", "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), "--module", "memlm", "train", preset("txl"),
+           "127.0.0.1", "--master_port", port, "--module", "memlm", "train", preset("txl"),
            *overrides(data, train__steps=2, train__save_every=0), "--out", str(tmp_path / "ds")]
     proc = subprocess.run(cmd, cwd=REPO, env=env_without_threads(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # DeepSpeed's 66 MB shared-memory all-reduce buffers (one per rank, in RAM) are gone once the run is
+    buffers = [shm_buffer_path(rank, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for rank in (0, 1)]
+    assert not any(b.exists() for b in buffers), buffers
     got = choices(proc.stderr + proc.stdout)
     cores = len(os.sched_getaffinity(0))
     assert sorted(rank for rank, _, _ in got) == ["0", "1"], got
