@@ -20,9 +20,11 @@ loss at init on the same batch (~ln V for all) are printed to show the same func
 The hardware limit, in the same process: after warm-up, one more step of each model is recorded
 (peers/matmul_floor.py) and the matrix multiplications it executed are replayed on their own, timed right after
 each of that model's timed steps. "matmuls only" is that replay's median time with the step's matmul GFLOP and
-the rate this core reached on them; "step / matmuls" is how much longer the whole step takes; "ceiling" is the
-memlm/peer ratio memlm would reach if its step took only its matmuls' time, i.e. the most that any
-implementation of memlm's computation on these BLAS kernels could show against that peer.
+the rate this core reached on them; "clip + Adam" is the step's gradient clipping and optimizer update, the same
+torch code for every library, timed inside the step; "step / (matmuls + Adam)" is how much longer the whole step
+takes than those two; "ceiling" is the memlm/peer ratio memlm would reach if its step took only its matmuls' and
+its optimizer's time, i.e. the most that any implementation of memlm's computation on these BLAS kernels and
+torch's Adam could show against that peer.
 
 Shapes: "small" (4 layers, d 256, 4 x 64 heads, d_inner 1024, N = M = 128, 8 lanes, V 8000, plain softmax; all
 models in one group) and "wt103" (configs/wt103_base_txl.yaml: 16 layers, d 410, 10 x 41 heads, d_inner 2100,
@@ -256,6 +258,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         drop(key, "forward", e)
                 times = {k: [] for k in runners}
                 floor_times = {k: [] for k in runners}
+                optimizer_times = {k: [] for k in runners}
                 losses = {k: [] for k in runners}
                 for i in range(shape.warmup + shape.steps):
                     for key, r in list(runners.items()):
@@ -276,6 +279,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         dt = time.perf_counter() - t
                         if i >= shape.warmup:
                             times[key].append(dt)
+                            optimizer_times[key].append(r.optimizer_s)
                             floor_times[key].append(floors[key].time())
                         losses[key].append(loss)
                 g["wall_s"] = time.time() - t0
@@ -284,7 +288,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                 for key in runners:
                     med = statistics.median(times[key])
                     floor = statistics.median(floor_times[key])
+                    optimizer = statistics.median(optimizer_times[key])
                     g["models"][key].update({
+                        "optimizer_s": optimizer, "optimizer_times_s": optimizer_times[key],
+                        "step_over_floor_and_optimizer": med / (floor + optimizer),
                         "median_step_s": med, "min_step_s": min(times[key]), "step_times_s": times[key],
                         "tokens_per_s": tokens / med, "losses": losses[key],
                         "matmul_floor_s": floor, "matmul_floor_times_s": floor_times[key],
@@ -299,9 +306,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                             "memlm": base,
                             "memlm_over_peer_tokens_per_s": statistics.median(peer_t) / statistics.median(memlm_t),
                             "memlm_over_peer_paired": statistics.median(p / m for p, m in zip(peer_t, memlm_t)),
-                            # what memlm/peer would be if memlm's step took only its matmuls' time
+                            # what memlm/peer would be if memlm's step took only its matmuls' time, and with
+                            # its clip + Adam (the same torch code in every library) added
                             "ceiling_peer_over_memlm_floor": statistics.median(peer_t) / statistics.median(
                                 floor_times[base]),
+                            "ceiling_peer_over_memlm_floor_and_optimizer": statistics.median(peer_t) / (
+                                statistics.median(floor_times[base]) + statistics.median(optimizer_times[base])),
                         }
                 line = "  ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in g["models"].items())
                 print(f"  {line}  (load {g['loadavg_before'][0]:.2f} -> {g['loadavg_after'][0]:.2f}, "
@@ -339,8 +349,8 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             + (f" (adaptive softmax {'/'.join(f'{c // 1000}k' for c in s.cutoffs)})" if s.cutoffs else "")
             + f", R = {s.mem_tokens} RMT memory tokens; {s.warmup} warm-up + {s.steps} timed rounds\n\n")
     rows = ["| group | model | library | params (body) | loss at init | ms/step | tokens/s | matmuls only: ms "
-            "(GFLOP, GFLOP/s) | step / matmuls | memlm/peer (paired) | ceiling | load avg |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "(GFLOP, GFLOP/s) | clip + Adam: ms | step / (matmuls + Adam) | memlm/peer (paired) | ceiling "
+            "| load avg |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     models = shape_report["models"]
     for gi, g in enumerate(shape_report["results"][precision], 1):
         load = f"{g['loadavg_before'][0]:.2f} -> {g['loadavg_after'][0]:.2f}"
@@ -349,18 +359,19 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             pair = g["pairs"].get(key)
             ratio = (f"{pair['memlm_over_peer_tokens_per_s']:.2f}x ({pair['memlm_over_peer_paired']:.2f}x)"
                      if pair else "")
-            ceiling = f"{pair['ceiling_peer_over_memlm_floor']:.2f}x" if pair else ""
+            ceiling = f"{pair['ceiling_peer_over_memlm_floor_and_optimizer']:.2f}x" if pair else ""
             floor = (f"{1000 * m['matmul_floor_s']:.0f} ({m['matmul_flops_per_step'] / 1e9:.1f}, "
                      f"{m['matmul_gflops_per_s']:.0f})")
             rows.append(
                 f"| {gi} | {info['label']} | {info['library']} | {info['params']['total']:,} "
                 f"({info['params']['body']:,}) | {m['loss_at_init']:.3f} | {1000 * m['median_step_s']:.0f} "
-                f"| {m['tokens_per_s']:,.0f} | {floor} | {m['step_over_floor']:.2f} | {ratio} | {ceiling} | {load} |"
+                f"| {m['tokens_per_s']:,.0f} | {floor} | {1000 * m['optimizer_s']:.0f} "
+                f"| {m['step_over_floor_and_optimizer']:.2f} | {ratio} | {ceiling} | {load} |"
             )
         for key, why in g["skipped"].items():
-            rows.append(f"| {gi} | {models.get(key, {}).get('label', key)} | | | | | | | | skipped: {why} | | |")
+            rows.append(f"| {gi} | {models.get(key, {}).get('label', key)} | | | | | | | | | skipped: {why} | | |")
     for key, why in shape_report["unavailable"].items():
-        rows.append(f"| | {key} | | | | | | | | unavailable: {why} | | |")
+        rows.append(f"| | {key} | | | | | | | | | unavailable: {why} | | |")
     return head + "\n".join(rows) + "\n"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -118,9 +119,11 @@ class Runner:
         with autocast(precision):
             loss = self.forward_loss(tokens, targets)
         loss.backward()
+        t = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        self.optimizer_s = time.perf_counter() - t  # the same torch code for every library: reported apart
         return float(loss.detach())
 
     @torch.no_grad()
