@@ -85,3 +85,12 @@ def test_choice_rules(env, tuned, reason):
     choice = choose_allocator(env)
     assert choice.tuned is tuned
     assert reason in choice.reason
+
+
+def test_a_bad_setting_is_named_once_and_ignored():
+    script = "from trainer.runtime import prepare_process; prepare_process(who='test')"
+    env = {**os.environ, "MEMLM_MALLOC": "fast", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    warnings = [line for line in out.stderr.splitlines() if "MEMLM_MALLOC" in line]
+    assert warnings == ["memlm: warning: ignoring MEMLM_MALLOC='fast' is neither 'tuned' nor 'system'; kept the defaults"]
