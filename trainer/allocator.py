@@ -41,6 +41,7 @@ USER_TUNING_VARS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_TH
 class AllocatorChoice:
     tuned: bool
     reason: str
+    bad_setting: bool = False  # MEMLM_MALLOC holds a value that means nothing: said once in a warning
 
 
 _applied: AllocatorChoice | None = None
@@ -50,7 +51,8 @@ def choose_allocator(env=os.environ) -> AllocatorChoice:
     """Whether this process should tune glibc, and why (no side effects)."""
     setting = env.get("MEMLM_MALLOC", "").strip().lower()
     if setting not in ("", "tuned", "system"):
-        return AllocatorChoice(False, f"MEMLM_MALLOC={setting!r} is neither 'tuned' nor 'system'; kept the defaults")
+        return AllocatorChoice(False, f"MEMLM_MALLOC={setting!r} is neither 'tuned' nor 'system'; kept the defaults",
+                               bad_setting=True)
     if setting == "system":
         return AllocatorChoice(False, "MEMLM_MALLOC=system")
     preload = env.get("LD_PRELOAD", "")
@@ -81,7 +83,7 @@ def tune_allocator(env=os.environ) -> AllocatorChoice:
     if _applied is not None:
         return _applied
     choice = choose_allocator(env)
-    if "neither" in choice.reason:  # a typo in MEMLM_MALLOC is said once, as a bad OMP_NUM_THREADS is
+    if choice.bad_setting:  # a typo in MEMLM_MALLOC is said once, as a bad OMP_NUM_THREADS is
         print(f"memlm: warning: ignoring {choice.reason}", file=sys.stderr, flush=True)
     if choice.tuned:
         mallopt = glibc_mallopt()
