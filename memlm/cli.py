@@ -15,6 +15,9 @@ USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from trainer.runtime import before_torch
+
+    before_torch()  # process-wide settings that torch and its OpenMP read once, at import
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -161,6 +161,12 @@ def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) 
     return stale
 
 
+def before_torch() -> None:
+    """Environment settings that must be in place before torch (and its OpenMP runtime) is imported; the
+    `memlm` command calls this first thing, in every process it starts (ranks, Ray workers run it through
+    their own entry points)."""
+
+
 def prepare_process(cpus: float | None = None, who: str = "") -> ThreadChoice:
     """Both of the above: what train, eval and the Ray tasks call first (and a word on a stale op build lock);
     also keeps malloc from returning each step's memory to the kernel (trainer/allocator.py)."""
