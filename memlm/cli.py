@@ -8,7 +8,11 @@ value, a missing file) is one line `memlm: error: ...` on stderr and exit status
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
@@ -19,21 +23,85 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     before_torch()  # process-wide settings that torch and its OpenMP read once, at import
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
+    interrupt = Interrupt()
     try:
-        return int(args.run(args) or 0)
-    except Exception as exc:  # noqa: BLE001 - only ConfigError is turned into a message; the rest re-raises
+        with interrupt.watched():
+            return int(args.run(args) or 0)
+    except KeyboardInterrupt as exc:
+        return interrupt.report(args.command, str(exc))
+    except Exception as exc:  # noqa: BLE001 - only the known mistakes become a message; the rest re-raises
+        if _is_preempted(exc):
+            interrupt.say(str(exc), args.command)
+            return exc.exit_status
+        if interrupt.seen:  # a rank whose peer stopped for the Ctrl-C: a broken collective, not a new error
+            return interrupt.report(args.command)
         if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)):
             raise
         print(f"memlm: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """argparse, except that `dotted.key=value` overrides may also come after an option (`--out X data.path=Y`),
+    as users type them; anything else left over is one usage line."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [word for word in extra if "=" in word and not word.startswith("-")]
+    if overrides and isinstance(getattr(args, "overrides", None), list):
+        args.overrides += overrides
+        extra = [word for word in extra if word not in overrides]
+    if extra:
+        parser.exit(USAGE_ERROR, f"memlm: error: {args.command}: unrecognized arguments: {' '.join(extra)} "
+                                 f"(see `memlm {args.command} --help`)\n")
+    return args
+
+
+class Interrupt:
+    """Ctrl-C as one line and exit 130 in every process of a command (each rank of a launcher gets the SIGINT).
+
+    Only rank 0 speaks. A rank blocked in a collective when its peer left sees an error from the broken
+    connection instead of KeyboardInterrupt: once a SIGINT has arrived, that too is reported as the interrupt."""
+
+    EXIT = 130  # what a shell reports for Ctrl-C
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    @contextlib.contextmanager
+    def watched(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(signum, frame):
+            self.seen = True
+            signal.default_int_handler(signum, frame)
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def report(self, command: str, detail: str = "") -> int:
+        hint = {"train": "; `memlm train ... --resume` continues from the last checkpoint",
+                "sweep": "; run the same command again to resume the sweep"}.get(command, "")
+        self.say(f"interrupted (Ctrl-C) {detail}" if detail else f"interrupted (Ctrl-C){hint}", command)
+        return self.EXIT
+
+    @staticmethod
+    def say(message: str, command: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"memlm {command}: {message}", file=sys.stderr, flush=True)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with its usage mistakes as one line, like every other memlm error (its sub-commands inherit it)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(USAGE_ERROR, f"memlm: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+        command = self.prog.removeprefix("memlm").strip()
+        where = f"{command}: " if command else ""
+        self.exit(USAGE_ERROR, f"memlm: error: {where}{message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +203,8 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. train.steps=100 data.path=DATA_DIR")
     p.add_argument("--out", metavar="RUN_DIR", help="run folder (default runs/ARCH)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete what RUN_DIR holds (checkpoints, metrics, evaluations) and train from step 0")
     p.add_argument("--reshard", action="store_true",
                    help="with --resume at another world size: load only the weights (optimizer and data restart)")
     p.add_argument("--stop-at", type=int, metavar="STEP",
@@ -148,7 +218,8 @@ def _run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     from trainer.train import run
 
-    run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at)
+    run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at,
+        overwrite=args.overwrite)
     from trainer.distributed import shutdown
 
     shutdown()  # only after a finished run: a failing rank must not wait in a collective teardown
@@ -316,6 +387,11 @@ def _is_config_error(exc: BaseException) -> bool:
     # been raised if that module is already loaded.
     config = sys.modules.get("models.config")
     return config is not None and isinstance(exc, config.ConfigError)
+
+
+def _is_preempted(exc: BaseException) -> bool:
+    preemption = sys.modules.get("trainer.preemption")
+    return preemption is not None and isinstance(exc, preemption.Preempted)
 
 
 def _is_resume_error(exc: BaseException) -> bool:

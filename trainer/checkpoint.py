@@ -138,7 +138,7 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, rank_state: dict, meta: d
         kill_point("renamed", step, rank)
         _write_latest(ckpt_dir, tag)
         kill_point("latest", step, rank)
-        _prune(ckpt_dir, keep_last)
+        _prune(ckpt_dir, keep_last, step)
     distributed.barrier()
     return tag
 
@@ -157,10 +157,14 @@ def _write_latest(ckpt_dir: Path, tag: str) -> None:
     os.replace(tmp, ckpt_dir / LATEST)
 
 
-def _prune(ckpt_dir: Path, keep_last: int) -> None:
+def _prune(ckpt_dir: Path, keep_last: int, step: int) -> None:
+    """Keep the newest keep_last checkpoints up to `step`, the one just written and named by `latest`. Later steps
+    are left alone: they exist only where a resume went back to an earlier checkpoint (an edited `latest`), and
+    counting them would delete the checkpoint `latest` names (it happened: "global_step4 is missing")."""
     steps = sorted(int(p.name[len("global_step"):]) for p in ckpt_dir.glob("global_step*")
                    if p.name[len("global_step"):].isdigit())
-    for old in steps[:-keep_last]:
+    older = [s for s in steps if s < step]
+    for old in older[:max(len(older) - (keep_last - 1), 0)]:
         shutil.rmtree(ckpt_dir / tag_for(old), ignore_errors=True)
 
 

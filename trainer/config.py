@@ -62,10 +62,14 @@ class TrainConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower; bit-reproducible on GPU too)
     # A step whose loss or gradient norm is not finite (on any rank) is skipped; this many in a row stop the run
     max_bad_steps: int = 10
+    # After SIGTERM (a scheduler's preemption) the run saves at the next step boundary; if none comes within this
+    # many seconds it leaves without (0: wait for it however long). SLURM's and Kubernetes' default grace is 30 s.
+    stop_grace_s: float = 30.0
 
     def validate(self) -> "TrainConfig":
         _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1, max_bad_steps=1)
-        _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0, weight_decay=0.0, clip=0.0)
+        _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0, weight_decay=0.0, clip=0.0,
+                   stop_grace_s=0.0)
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

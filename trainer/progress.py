@@ -33,6 +33,16 @@ class Progress:
                   f"grad_norm {row['grad_norm']:.3g} tokens/s {row['tokens_per_s']:.0f} "
                   f"eta {self.eta(row['step'])}", file=sys.stderr, flush=True)
 
+    def note(self, message: str) -> None:
+        """One line from rank 0 (a checkpoint saved), above the bar on a terminal."""
+        if self.rank != 0:
+            return
+        line = f"memlm train: {message}"
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def eta(self, step: int) -> str:
         """Remaining time at the mean step time since this process started, as H:MM:SS."""
         done = step - self.start_step

@@ -32,7 +32,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from . import checkpoint, distributed, nonfinite, runtime
+from . import checkpoint, distributed, nonfinite, run_folder, runtime
+from .preemption import Interrupted, Preempted, StopRequest
 
 
 class TrainingStopped(checkpoint.ResumeError):
@@ -41,8 +42,11 @@ class TrainingStopped(checkpoint.ResumeError):
 
 
 def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
-        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None) -> Path:
+        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None, overwrite: bool = False) -> Path:
     """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
+
+    A folder that already holds a run is refused unless `resume` (continue it) or `overwrite` (delete it first):
+    trainer/run_folder.py. A SIGTERM saves at the next step boundary and raises Preempted (trainer/preemption.py).
 
     stop_at: leave after that step with a checkpoint, as a preempted job would (the schedule still spans
     train.steps, so `--resume` continues the same trajectory).
@@ -56,6 +60,7 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
+    run_folder.claim(run_dir, resume, overwrite, info.rank)
     runtime.prepare_process(who="train")  # threads that fit this rank's cores; the op cache of this environment
     if cfg.deepspeed.precision == "fp16" and info.device == "cpu":
         from models.config import ConfigError
@@ -70,7 +75,7 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
         checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
     if tag is not None:  # DeepSpeed unpickles its files in full: prove first that none of them can run code
         checkpoint.verify_folder(ckpt_dir / tag)
-    if tag is None and resume and info.rank == 0:
+    if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
     return Trainer(cfg, run_dir, info, meta, manifest, reporter).fit(tag, reshard, stop_at)
 
@@ -210,7 +215,8 @@ class Trainer:
             nll.append(batch.nll)
             count, inputs = count + batch.count, inputs + batch.inputs
             if engine.is_gradient_accumulation_boundary():
-                figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss)
+                figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss,
+                                                 self.stop.requested)
                 skip = figures[3] > 0 or figures[4] > 0
                 if skip:
                     with nonfinite.skipped_update(engine.optimizer):
@@ -228,18 +234,20 @@ class Trainer:
                                f"(optimizer {type(engine.optimizer).__name__})")
         self.step += 1
         if skip or ds_skipped:
-            return self._skipped(figures)
+            return {**self._skipped(figures), "stop": figures[5] > 0}
         self.bad_streak = 0
         self.tokens_seen += int(figures[1])
         # What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's.
         if engine.get_global_grad_norm() is not None:
             grad_norm = engine.get_global_grad_norm()
         return {"loss": figures[0] / max(figures[1], 1), "inputs": int(figures[2]), "lr": lr,
-                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False}
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False,
+                "stop": figures[5] > 0}
 
-    def _agree(self, nll, count: int, inputs: int, bad_loss) -> tuple[list[float], float | None]:
-        """[nll, targets, inputs, ranks with a non-finite loss, ranks with a non-finite gradient norm] summed over
-        ranks (the step's one all-reduce, and its one host read), and the ZeRO-0 gradient norm."""
+    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> tuple[list[float], float | None]:
+        """[nll, targets, inputs, ranks with a non-finite loss, ranks with a non-finite gradient norm, ranks asked
+        to stop by SIGTERM] summed over ranks (the step's one all-reduce, and its one host read), and the ZeRO-0
+        gradient norm."""
         import torch
         import torch.distributed as dist
 
@@ -253,7 +261,8 @@ class Trainer:
             bad_grad, grad_norm = ~torch.isfinite(norm), norm
         summed = torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=self.device),
                               torch.tensor(float(inputs), dtype=torch.float64, device=self.device),
-                              bad_loss.double(), bad_grad.double()])
+                              bad_loss.double(), bad_grad.double(),
+                              torch.tensor(float(stop), dtype=torch.float64, device=self.device)])
         if self.info.world_size > 1:
             dist.all_reduce(summed)
         figures = summed.tolist()
@@ -286,52 +295,85 @@ class Trainer:
         self._build()
         if tag is not None:
             self._restore(tag, reshard)
+            self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
+                      f"weights of {self.ckpt_dir / tag} loaded; training from step 0")
+        if self.rank == 0:  # what the folder says now matches the step training continues from
+            run_folder.rewind(self.run_dir, self.step, reshard=reshard and tag is not None)
         tracker = self._tracker()
         cfg = self.cfg.train
         progress = Progress(self.rank, self.step, cfg.steps)
         metrics_path = self.run_dir / "metrics.jsonl"
         status = "FAILED"
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        self.stop = StopRequest(cfg.stop_grace_s, self.rank, self._last_checkpoint)
         try:
-            def logged(step: int) -> bool:  # steps that write a metrics row (and so need their grad norm)
-                return step % cfg.log_every == 0 or step == end
-
-            window_start, window_inputs = time.perf_counter(), 0
-            while self.step < end:
-                result = self._train_step()
-                window_inputs += result["inputs"]
-                if logged(self.step) or result["skipped"]:
-                    elapsed = max(time.perf_counter() - window_start, 1e-9)
-                    loss = result["loss"]  # None on a skipped step: a row never reports a NaN
-                    row = {"step": self.step, "loss": loss,
-                           "ppl": math.exp(min(loss, 50.0)) if loss is not None else None,
-                           "lr": result["lr"], "grad_norm": result["grad_norm"],
-                           "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen,
-                           "skipped_steps": self.skipped_steps, "peak_mem_mb": peak_memory_mb(self.device)}
-                    if self.rank == 0:
-                        with metrics_path.open("a") as f:
-                            f.write(json.dumps(row) + "\n")
-                    tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step" and v is not None})
-                    if not result["skipped"]:  # a skipped step has said so in its own line
-                        progress.update(row)
-                    if self.reporter is not None:
-                        self.reporter(row)
-                    window_start, window_inputs = time.perf_counter(), 0
-                if self.bad_streak >= cfg.max_bad_steps:
-                    raise TrainingStopped(self._stop_message())
-                if cfg.eval_every and self.step % cfg.eval_every == 0:
-                    self._evaluate(tracker)
-                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end:
-                    if self.bad_streak == 0:
-                        self.save()
-                    elif self.rank == 0:  # the weights may be what goes wrong: keep the last good checkpoint
-                        print(f"memlm train: warning: no checkpoint at step {self.step}: the last step was skipped",
-                              file=sys.stderr, flush=True)
+            with self.stop.installed():
+                self._loop(tracker, progress, metrics_path, end)
             status = "FINISHED"
+        except Preempted:
+            status = "KILLED"
+            raise
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise Interrupted(f"at step {self.step}; {self._last_checkpoint()}") from None
         finally:
             progress.close()
             tracker.finish(status)
         return self.run_dir
+
+    def _loop(self, tracker, progress, metrics_path: Path, end: int) -> None:
+        cfg = self.cfg.train
+
+        def logged(step: int) -> bool:  # steps that write a metrics row (and so need their grad norm)
+            return step % cfg.log_every == 0 or step == end
+
+        window_start, window_inputs = time.perf_counter(), 0
+        while self.step < end:
+            result = self._train_step()
+            window_inputs += result["inputs"]
+            if logged(self.step) or result["skipped"]:
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                loss = result["loss"]  # None on a skipped step: a row never reports a NaN
+                row = {"step": self.step, "loss": loss,
+                       "ppl": math.exp(min(loss, 50.0)) if loss is not None else None,
+                       "lr": result["lr"], "grad_norm": result["grad_norm"],
+                       "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen,
+                       "skipped_steps": self.skipped_steps, "peak_mem_mb": peak_memory_mb(self.device)}
+                if self.rank == 0:
+                    with metrics_path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step" and v is not None})
+                if not result["skipped"]:  # a skipped step has said so in its own line
+                    progress.update(row)
+                if self.reporter is not None:
+                    self.reporter(row)
+                window_start, window_inputs = time.perf_counter(), 0
+            if self.bad_streak >= cfg.max_bad_steps:
+                raise TrainingStopped(self._stop_message())
+            stop = result["stop"] and self.step < end  # a SIGTERM during the last step: the run is complete
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not stop:  # within the grace: save first
+                self._evaluate(tracker)
+            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end or stop:
+                self._save_unless_skipped(progress)
+            if stop:
+                raise Preempted(f"stopped by SIGTERM after step {self.step}; {self._last_checkpoint()}")
+
+    def _save_unless_skipped(self, progress) -> None:
+        if self.bad_streak == 0:
+            self.save()
+            progress.note(f"checkpoint saved at step {self.step}: {self.ckpt_dir / checkpoint.tag_for(self.step)}")
+        elif self.rank == 0:  # the weights may be what goes wrong: keep the last good checkpoint
+            print(f"memlm train: warning: no checkpoint at step {self.step}: the last step was skipped",
+                  file=sys.stderr, flush=True)
+
+    def _last_checkpoint(self) -> str:
+        tag = checkpoint.latest_tag(self.ckpt_dir)
+        return (f"the last checkpoint is {self.ckpt_dir / tag}: rerun with --resume to continue" if tag else
+                "no checkpoint was written: the run starts over")
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"memlm train: {message}", file=sys.stderr, flush=True)
 
     def _stop_message(self) -> str:
         tag = checkpoint.latest_tag(self.ckpt_dir)
