@@ -1,7 +1,9 @@
 """The kill matrix: runs SIGKILLed at named points (trainer's MEMLM_TEST_KILL hook: mid-step, between micro-batches,
 after DeepSpeed's files, after the rank files, after the rename, after `latest`, mid-validation; an RMT run inside its
 replay window; 2 ranks ZeRO-2 mid-step on one rank and mid-checkpoint) at steps drawn from a fixed seed list, then
-resumed: every resumed run ends with exactly the losses, tokens and final weights of the uninterrupted run. Also
+resumed: every resumed run ends with exactly the losses, tokens and final weights of the uninterrupted run. The same
+for a SIGTERM (a scheduler's preemption: the run saves at that step and exits 143; at 2 ranks only rank 1 gets it,
+and both stop at the same step) and a Ctrl-C (one line, exit 130) mid-step. Also
 `memlm eval` killed mid-evaluation (nothing half-written; the rerun gives the reference result) and a full disk
 during a save (one line; the previous checkpoint resumes exactly).
 
@@ -36,8 +38,10 @@ MATRIX = [
     ("step", "txl", 1, 11), ("micro", "txl", 1, 12), ("engine-saved", "txl", 1, 13), ("rank-saved", "txl", 1, 14),
     ("renamed", "txl", 1, 15), ("latest", "txl", 1, 16), ("validation", "txl", 1, 17), ("step", "rmt", 1, 18),
     ("micro", "txl", 2, 19), ("rank-saved", "txl", 2, 20),
+    ("sigterm", "txl", 1, 21), ("sigterm", "rmt", 1, 22), ("sigterm", "txl", 2, 23), ("sigint", "txl", 1, 24),
 ]
-CHOICES = {"step": ANY, "micro": ANY, "validation": (3, 6), "engine-saved": SAVES, "rank-saved": SAVES,
+SIGNALS = {"sigterm": "TERM", "sigint": "INT"}  # sent at the mid-step kill point instead of SIGKILL
+CHOICES = {"step": ANY, "micro": ANY, "sigterm": ANY[:-1], "sigint": ANY[:-1], "validation": (3, 6), "engine-saved": SAVES, "rank-saved": SAVES,
            "renamed": SAVES, "latest": SAVES}
 
 
@@ -103,9 +107,10 @@ def assert_same_run(run, ref) -> None:
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(point, arch, world, seed, data, reference, tmp_path):
     ref = reference(arch, world)
     step = kill_step(point, seed)
-    rank = 1 if world > 1 and point in ("step", "micro") else 0  # mid-step kills hit the other rank
+    rank = 1 if world > 1 and point in ("step", "micro", "sigterm") else 0  # mid-step kills hit the other rank
     out = tmp_path / "run"
-    hook = {"MEMLM_TEST_KILL": f"{point}:{step}:{rank}"}
+    hook = {"MEMLM_TEST_KILL": f"{'step' if point in SIGNALS else point}:{step}:{rank}",
+            "MEMLM_TEST_SIGNAL": SIGNALS.get(point, "KILL")}
     if world == 1:
         cmd = [sys.executable, "-m", "memlm", "train", preset(arch), *overrides(data, **_settings(arch, world)),
                "--out", str(out)]
@@ -113,6 +118,8 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(point, arch, world,
     else:
         proc = torchrun(arch, data, out, nproc=world, env_extra=hook, check=False, **_settings(arch, world))
     assert proc.returncode != 0, f"the run was never killed at {point}:{step}"
+    if point in SIGNALS:
+        assert_stopped_cleanly(point, step, world, proc, out)
     assert not (out / "checkpoints" / f"global_step{STEPS}").exists()
     if world == 1:
         train_in_process(arch, data, out, resume=True, **_settings(arch, world))
@@ -120,6 +127,29 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(point, arch, world,
         torchrun(arch, data, out, nproc=world, resume=True, **_settings(arch, world))
     assert_same_run(out, ref)
     assert not list((out / "checkpoints").glob(".tmp-*"))  # the resumed save cleared what the kill left
+
+
+def assert_stopped_cleanly(point: str, step: int, world: int, proc, out) -> None:
+    """SIGTERM: a checkpoint at that very step (on every rank), exit 143, one line; Ctrl-C: one line, exit 130.
+    No memlm traceback either way (a 2-rank launch's torchrun prints its own, which is not memlm's to change)."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("memlm train: ")]
+    assert "trainer/" not in proc.stderr and "memlm/cli.py" not in proc.stderr, proc.stderr[-3000:]
+    if point == "sigterm":
+        if world == 1:
+            assert proc.returncode == 143 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        stopped = [line for line in lines if "stopped by SIGTERM" in line]
+        assert stopped == [f"memlm train: stopped by SIGTERM after step {step}; the last checkpoint is "
+                           f"{out / 'checkpoints' / f'global_step{step}'}: rerun with --resume to continue"], lines
+        assert (out / "checkpoints" / "latest").read_text().strip() == f"global_step{step}"
+        assert sorted(p.name for p in (out / "checkpoints" / f"global_step{step}").glob("rank*.pt")) == \
+            [f"rank{r}.pt" for r in range(world)]
+    else:
+        assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        saved = (step - 1) // 2 * 2  # the step counter is still at the last finished step; saves every 2
+        last = (f"the last checkpoint is {out / 'checkpoints' / f'global_step{saved}'}: rerun with --resume to continue"
+                if saved else "no checkpoint was written: the run starts over")
+        assert [line for line in lines if "interrupted" in line] == [
+            f"memlm train: interrupted (Ctrl-C) at step {step - 1}; {last}"], lines
 
 
 def test_memlm_eval_killed_mid_evaluation_leaves_nothing_and_reruns_exactly(reference, tmp_path, capsys):

@@ -45,10 +45,13 @@ SLEEP_HOOK = "MEMLM_TEST_SLEEP_IN_SAVE"
 # Test hook: "POINT:STEP[:RANK]" SIGKILLs this process when it reaches POINT at STEP (on RANK, default every rank),
 # as a preemption would (tests/test_kill_matrix.py); POINT "enospc" instead fails that step's save as a full disk.
 KILL_HOOK = "MEMLM_TEST_KILL"
+# Test hook: the signal KILL_HOOK sends instead of SIGKILL ("TERM": a scheduler's preemption; "INT": Ctrl-C).
+SIGNAL_HOOK = "MEMLM_TEST_SIGNAL"
 
 
 def kill_point(point: str, step: int, rank: int) -> None:
-    """Die here (SIGKILL: no cleanup, no flush) when KILL_HOOK names this point, step and rank."""
+    """Die here (SIGKILL: no cleanup, no flush) when KILL_HOOK names this point, step and rank; or receive the
+    signal SIGNAL_HOOK names there, as if a scheduler or a terminal had sent it at that moment."""
     hook = os.environ.get(KILL_HOOK)
     if not hook:
         return
@@ -56,7 +59,7 @@ def kill_point(point: str, step: int, rank: int) -> None:
     if name == point and int(at) == step and (not who or int(who[0]) == rank):
         if point == "enospc":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, f"SIG{os.environ.get(SIGNAL_HOOK, 'KILL')}"))
 
 
 class ResumeError(ValueError):

@@ -351,7 +351,9 @@ class Trainer:
             if self.bad_streak >= cfg.max_bad_steps:
                 raise TrainingStopped(self._stop_message())
             stop = result["stop"] and self.step < end  # a SIGTERM during the last step: the run is complete
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and not stop:  # within the grace: save first
+            # A validation due at this step runs even when stopping: a resume continues after the step and would
+            # never run it (the grace period must cover it; train.eval_batches bounds it).
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
                 self._evaluate(tracker)
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end or stop:
                 self._save_unless_skipped(progress)
