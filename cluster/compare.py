@@ -103,8 +103,9 @@ def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Pat
         client.set_terminated(run_id, "FINISHED")
         return run_id
     except Exception as exc:  # noqa: BLE001 - the table is written and printed; the copy in MLflow is extra
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        print(f"memlm: warning: could not log the comparison to MLflow ({first}); the files are in "
+        from trainer.tracking import error_reason
+
+        print(f"memlm: warning: could not log the comparison to MLflow ({error_reason(exc)}); the files are in "
               f"{files[0].parent}", file=sys.stderr)
         if run_id:
             try:

@@ -32,6 +32,8 @@ _QUIET = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    # Against a server MLflow prints "View run ... at: URL" on stdout when a run ends: stdout is the table here.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
@@ -107,7 +109,9 @@ def _experiment(client: Any, uri: str, name: str) -> Any:
     try:
         experiment = client.get_experiment_by_name(name)
     except Exception as exc:  # noqa: BLE001 - the first request: whatever fails here, the store is unusable
-        raise ClusterError(f"cannot read the MLflow store {uri} ({type(exc).__name__}: {_first_line(exc)}); "
+        from trainer.tracking import error_reason
+
+        raise ClusterError(f"cannot read the MLflow store {uri} ({error_reason(exc)}); "
                            "start the server or fix --uri / $MLFLOW_TRACKING_URI") from None
     if experiment is None:
         names = sorted(e.name for e in client.search_experiments())
@@ -153,8 +157,3 @@ def last_per_step(history: list[Any]) -> list[tuple[int, float]]:
 
 def describe(counts: Counter) -> str:
     return ", ".join(f"{n} {kind} run{'s' if n > 1 else ''}" for kind, n in sorted(counts.items()))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
@@ -36,7 +37,11 @@ class Row:
     mem_tokens: Optional[int]  # RMT memory tokens R (0 for the other archs)
     flops_per_token: Optional[float]  # forward FLOPs per predicted token
     dev_ppl: Optional[float]  # the latest valid_ppl (training's validation or `memlm eval --split valid`)
-    test_ppl: Optional[float]  # test_ppl from `memlm eval --split test`
+    test_ppl: Optional[float]  # test_ppl from `memlm eval --split test`, at the lengths the run was trained with
+    # `memlm eval --split test` at other settings than trained (--mem-mult, --mem-len, --tgt-len, ...), each logged
+    # under its own metric (test_ppl_tgt8_mem32: trainer.tracking._eval_suffix): [("tgt8_mem32", ppl)], ordered by
+    # target and memory length
+    test_ppl_other: list[tuple[str, float]]
     dev_bpc: Optional[float]  # bits per character: byte-level data only (blank for words or subword pieces)
     test_bpc: Optional[float]
     tokens_per_s: Optional[float]  # median over the logged steps: robust to the slow first steps and to stalls
@@ -46,6 +51,8 @@ class Row:
 
 
 CSV_COLUMNS = [f.name for f in fields(Row)]
+OTHER_HEADER = "test ppl, other lengths"  # shown only when some run has such an evaluation
+OTHER_TEST_PPL = re.compile(r"^test_ppl_((?:tgt\d+_mem\d+)?(?:_?clamp\d+)?(?:_?(?:not)?same)?)$")
 # (header, Row attribute, formatter) for the Markdown table
 MARKDOWN_COLUMNS = [
     ("run", "run", str),
@@ -55,6 +62,7 @@ MARKDOWN_COLUMNS = [
     ("FLOPs/token", "flops_per_token", lambda v: si(v)),
     ("dev ppl", "dev_ppl", lambda v: f"{v:.2f}"),
     ("test ppl", "test_ppl", lambda v: f"{v:.2f}"),
+    (OTHER_HEADER, "test_ppl_other", lambda v: "; ".join(f"{ppl:.2f} ({setting_label(k)})" for k, ppl in v)),
     ("tokens/s", "tokens_per_s", lambda v: f"{v:,.0f}"),
     ("steps", "steps", lambda v: f"{v:,}"),
 ]
@@ -79,7 +87,7 @@ def build_row(record: RunRecord) -> Row:
     speeds = [value for _, value in record.histories.get("tokens_per_s", [])]
     row = Row(run=record.name, run_id=record.run_id, arch=record.params.get("model.arch", ""),
               status=record.status, params=None, mem_len=None, mem_tokens=None, flops_per_token=None,
-              dev_ppl=m.get("valid_ppl"), test_ppl=m.get("test_ppl"),
+              dev_ppl=m.get("valid_ppl"), test_ppl=m.get("test_ppl"), test_ppl_other=other_test_ppl(m),
               dev_bpc=m.get("valid_bpc") if byte_level(record) else None,
               test_bpc=m.get("test_bpc") if byte_level(record) else None, tokens_per_s=statistics.median(speeds) if speeds else None,
               steps=loss[-1][0] if loss else None,
@@ -93,6 +101,30 @@ def build_row(record: RunRecord) -> Row:
     row.mem_tokens = cfg.num_mem_tokens if cfg.arch == "rmt" else 0
     row.flops_per_token = flops_per_token(cfg)["total"]
     return row
+
+
+def other_test_ppl(metrics: dict[str, float]) -> list[tuple[str, float]]:
+    """[(setting, ppl)] of the run's test evaluations at other lengths than trained, by target then memory length."""
+    found = [(match.group(1), value) for key, value in metrics.items()
+             if (match := OTHER_TEST_PPL.match(key)) and match.group(1)]
+    return sorted(found, key=lambda item: [int(n) for n in re.findall(r"\d+", item[0])] + [item[0]])
+
+
+def setting_label(setting: str) -> str:
+    """"tgt8_mem32" -> "N=8 M=32", "tgt8_mem32_clamp100_same" -> "N=8 M=32 clamp 100 same length"."""
+    words = []
+    for part in setting.split("_"):
+        if match := re.fullmatch(r"tgt(\d+)", part):
+            words.append(f"N={match.group(1)}")
+        elif match := re.fullmatch(r"mem(\d+)", part):
+            words.append(f"M={match.group(1)}")
+        elif match := re.fullmatch(r"clamp(\d+)", part):
+            words.append(f"clamp {match.group(1)}")
+        elif part in ("same", "notsame"):
+            words.append("same length" if part == "same" else "not same length")
+        elif part:
+            words.append(part)
+    return " ".join(words)
 
 
 def byte_level(record: RunRecord) -> bool:
@@ -127,11 +159,12 @@ def to_csv(rows: list[Row]) -> str:
 
 
 def to_markdown(rows: list[Row], title: str = "", footnotes: list[str] = ()) -> str:
-    header = [name for name, _, _ in MARKDOWN_COLUMNS]
+    columns = [c for c in MARKDOWN_COLUMNS if c[0] != OTHER_HEADER or any(row.test_ppl_other for row in rows)]
+    header = [name for name, _, _ in columns]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:
-        cells = [_markdown_cell(row, attr, fmt) for _, attr, fmt in MARKDOWN_COLUMNS]
+        cells = [_markdown_cell(row, attr, fmt) for _, attr, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
     notes = list(footnotes) + [f"{row.run}: {row.note}" for row in rows if row.note]
     if notes:
@@ -146,7 +179,7 @@ def _markdown_cell(row: Row, attr: str, fmt: Any) -> str:
             return ""
         return f"{row.mem_len} + {row.mem_tokens} tokens" if row.mem_tokens else str(row.mem_len)
     value = getattr(row, attr)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value == [] or (isinstance(value, float) and math.isnan(value)):
         return ""
     return fmt(value).replace("|", "\\|")  # a run name with a pipe must not split the cell
 
@@ -172,4 +205,6 @@ def _csv_value(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return repr(value)  # shortest text that reads back to the same double
+    if isinstance(value, list):  # test_ppl_other: "tgt8_mem32=33393.93...;tgt8_mem64=..."
+        return ";".join(f"{key}={_csv_value(v)}" for key, v in value)
     return str(value)

@@ -9,7 +9,12 @@ The UI is `mlflow server` as a child process (its own session, so the whole proc
 - for a SQLite store, artifacts are served from the `mlartifacts` folder beside the database, where
   trainer.tracking.ensure_experiment puts every experiment's artifacts.
 Once it answers, each experiment's runs table is printed as a link (experiments memlm creates carry the
-`mlflow.experimentKind` tag that makes the UI open them on their runs, not on the GenAI Traces tab).
+`mlflow.experimentKind` tag that makes the UI open them on their runs, not on the GenAI Traces tab, and memlm's saved
+view of the runs table, trainer.tracking.RUNS_VIEW_TAG, which the link opens: validation and test perplexity, loss,
+tokens, arch and tokenizer instead of the default Source / Models / Dataset columns). The server's own output (its
+start-up lines, warnings, errors; no access log) goes to UI_LOG beside the SQLite store (or in the working folder for
+another database), so the console holds memlm's lines only; a server that fails to start is reported with that
+file's last line.
 Ctrl-C or SIGTERM stops the server and everything it started (SIGTERM to its process group, SIGKILL after a grace
 period), so no orphan server keeps the port.
 """
@@ -32,6 +37,9 @@ from pathlib import Path
 from .errors import ClusterError
 
 READY_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core machine takes ~15-30 s
+UI_LOG = "mlflow-ui.log"
+# uvicorn logs every request by default: the UI polls the runs table, so a day-long session wrote thousands of lines.
+UVICORN_OPTS = "--no-access-log"
 STOP_GRACE_S = 10.0
 SERVER_ENV = {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
@@ -56,19 +64,30 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
     check_port_free(host, port)
     url = f"http://{_url_host(host)}:{port}"
+    log_path = server_log(store)
+    try:
+        log = open(log_path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise ClusterError(f"cannot write the server's log {log_path} ({exc.strerror}): run from a folder you "
+                           "can write to") from None
     # Handlers first: a Ctrl-C at any moment after the server exists must still reach the clean-up below.
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
     try:
-        # Its own session: a terminal's Ctrl-C reaches only us, and we stop the server's whole group ourselves.
-        proc = subprocess.Popen(server_command(store, host, port), env={**os.environ, **SERVER_ENV},
-                                start_new_session=True)
-        wait_until_ready(proc, url)
-        print(f"MLflow UI at {url} (store {store}); Ctrl-C stops it", flush=True)
-        for line in experiment_links(store, url):
+        with log:
+            log.write(f"=== memlm ui: mlflow server on {host}:{port} over {store}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+            log.flush()
+            # Its own session: a terminal's Ctrl-C reaches only us, and we stop the server's whole group ourselves.
+            proc = subprocess.Popen(server_command(store, host, port), env={**os.environ, **SERVER_ENV},
+                                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        links = experiment_links(store, url)  # read from the store while the server starts (seconds under load)
+        wait_until_ready(proc, url, log_path)
+        print(f"MLflow UI at {url} (store {store}; server log {log_path}); Ctrl-C stops it", flush=True)
+        for line in links:
             print(line, flush=True)
         rc = proc.wait()
-        raise ClusterError(f"the MLflow server exited on its own with status {rc} (its messages are above)")
+        raise ClusterError(f"the MLflow server exited on its own with status {rc}: {last_line(log_path)} "
+                           f"(whole log: {log_path})")
     except _Stop:
         return 0
     finally:
@@ -97,19 +116,36 @@ def backend_store(uri: str | None) -> str:
     return store
 
 
+def server_log(store: str) -> Path:
+    """Where the server's output goes: beside a SQLite store (with its database and artifacts), else here."""
+    folder = Path(store[len("sqlite:///"):]).parent if store.startswith("sqlite:///") else Path.cwd()
+    return folder / UI_LOG
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(no output)"
+
+
 def server_command(store: str, host: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--host", host,
-           "--port", str(port), "--workers", "1"]
+           "--port", str(port), "--workers", "1", "--uvicorn-opts", UVICORN_OPTS]
     if store.startswith("sqlite:///"):
         cmd += ["--artifacts-destination", (Path(store[len("sqlite:///"):]).parent / "mlartifacts").as_uri()]
     return cmd
 
 
 def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
-    """One line per experiment of the store with runs: its name and the address of its runs table, newest first.
+    """One line per experiment of the store: its name and the address of its runs table, newest first.
 
     The UI's home page lists experiments, and an experiment without the `mlflow.experimentKind` tag (one made by
-    an older memlm or by hand) opens on the GenAI Traces tab; these links open the training runs directly."""
+    an older memlm or by hand) opens on the GenAI Traces tab; these links open the training runs directly, in
+    memlm's saved view where the experiment has it."""
+    from trainer.tracking import RUNS_VIEW_KEY, RUNS_VIEW_TAG
+
     try:
         from mlflow import MlflowClient
 
@@ -117,8 +153,9 @@ def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
                                                                         order_by=["last_update_time DESC"])
     except Exception:  # noqa: BLE001 - the links are a convenience; the UI itself is up
         return []
-    lines = [f"  {e.name}: {url}/#/experiments/{e.experiment_id}/runs" for e in experiments[:limit]
-             if not (e.name == "Default" and e.experiment_id == "0")]
+    lines = [f"  {e.name}: {url}/#/experiments/{e.experiment_id}/runs"
+             + (f"?viewStateShareKey={RUNS_VIEW_KEY}" if RUNS_VIEW_TAG in e.tags else "")
+             for e in experiments[:limit] if not (e.name == "Default" and e.experiment_id == "0")]
     if len(experiments) > limit:
         lines.append(f"  ... and more: {url}")
     return lines
@@ -147,15 +184,17 @@ def check_port_free(host: str, port: int) -> None:
             raise ClusterError(f"cannot bind {host}:{port} ({exc.strerror}): pass another --host or --port") from None
 
 
-def wait_until_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT_S) -> None:
-    """Poll URL/health until the server answers; ClusterError if it exits first or never answers."""
+def wait_until_ready(proc: subprocess.Popen, url: str, log_path: Path,
+                     timeout: float = READY_TIMEOUT_S) -> None:
+    """Poll URL/health until the server answers; ClusterError (with the log's last line) if it exits first or
+    never answers."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never ask a proxy for our own port
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rc = proc.poll()
         if rc is not None:
-            raise ClusterError(f"the MLflow server exited with status {rc} before it answered on {url} "
-                               "(its messages are above)")
+            raise ClusterError(f"the MLflow server exited with status {rc} before it answered on {url}: "
+                               f"{last_line(log_path)} (whole log: {log_path})")
         try:
             with opener.open(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
@@ -163,7 +202,7 @@ def wait_until_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TI
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    raise ClusterError(f"the MLflow server did not answer on {url} within {timeout:.0f} s")
+    raise ClusterError(f"the MLflow server did not answer on {url} within {timeout:.0f} s (its log: {log_path})")
 
 
 def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:

@@ -136,6 +136,9 @@ def test_analyze_lamemo_run_writes_and_logs(runs, capsys):
     out = runs / "lamemo" / "analysis"
     result = json.loads((out / "analysis-test.json").read_text())
     assert result["arch"] == "lamemo" and result["segments"] == 6 and result["step"] == 2
+    # The console says what the README quotes: each layer's attention mass on the memory, as in the JSON.
+    for layer, mass in enumerate(result["attention_intervals"]["memory_mass"]):
+        assert f"layer {layer}: attention on the memory {100 * mass:.0f}%;" in printed, printed
     assert len(result["lamemo_alpha"]["alpha"]) == 2 and len(result["attention_intervals"]["max_weight"]) == 2
     for name in ("attention_intervals.png", "lamemo_alpha.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -99,6 +99,11 @@ def _run_id(run_dir: Path) -> str:
     return (run_dir / "mlflow_run_id").read_text().strip()
 
 
+def _run_name(run_dir: Path) -> str:
+    """The default MLflow run name: the folder's name (it holds the arch here) and the run id's first 6 characters."""
+    return f"{run_dir.name}-{_run_id(run_dir)[:6]}"
+
+
 def _expected_rows(store) -> dict[str, dict]:
     """Every table cell, from the run folders alone."""
     from models import build_model
@@ -112,12 +117,14 @@ def _expected_rows(store) -> dict[str, dict]:
         lines = metrics(run_dir)
         last_valid = json.loads((run_dir / "eval" / f"step{STEPS}.json").read_text())
         test = json.loads((store["root"] / "test.json").read_text()) if arch == "lamemo" else None
-        rows[run_dir.name] = {
+        longer = json.loads((store["root"] / "test16.json").read_text()) if arch == "lamemo" else None
+        rows[_run_name(run_dir)] = {
             "run_id": _run_id(run_dir), "arch": arch,
             "params": sum(p.numel() for p in model.parameters()),
             "mem_len": cfg.mem_len, "mem_tokens": cfg.num_mem_tokens,
             "flops_per_token": flops_per_token(cfg)["total"],
             "dev_ppl": last_valid["ppl"], "dev_bpc": last_valid["bpc"], "test_ppl": test["ppl"] if test else None,
+            "test_ppl_mem16": longer["ppl"] if longer else None,
             "tokens_per_s": statistics.median(line["tokens_per_s"] for line in lines),
             "steps": lines[-1]["step"], "tokens": lines[-1]["tokens"],
         }
@@ -160,7 +167,8 @@ def test_csv_rows_equal_the_runs(store, compared):
     expected = _expected_rows(store)
     with open(compared["dir"] / "table.csv", newline="") as f:
         got = list(csv.DictReader(f))
-    assert [row["run"] for row in got] == ["run-transformer", "run-lamemo", "run-rmt"]  # paper order; no decoys
+    assert [row["run"] for row in got] == [_run_name(store["runs"][a]) for a in ("transformer", "lamemo", "rmt")]
+    assert not store["decoys"] & {row["run_id"] for row in got}  # paper order; no decoys
     assert not store["decoys"] & {row["run_id"] for row in got}
     for row in got:
         want = expected[row["run"]]
@@ -170,11 +178,15 @@ def test_csv_rows_equal_the_runs(store, compared):
         assert float(row["flops_per_token"]) == want["flops_per_token"]
         assert float(row["dev_ppl"]) == want["dev_ppl"]
         assert (float(row["test_ppl"]) if row["test_ppl"] else None) == want["test_ppl"]
+        # the evaluation with a longer memory: its own CSV column, exact, named by its settings
+        longer = f"tgt8_mem16={want['test_ppl_mem16']!r}" if want["test_ppl_mem16"] else ""
+        assert row["test_ppl_other"] == longer
         assert float(row["tokens_per_s"]) == want["tokens_per_s"]
         assert int(row["steps"]) == want["steps"] == STEPS
         assert int(row["tokens"]) == want["tokens"]
         assert float(row["dev_bpc"]) == want["dev_bpc"]  # byte-level data: bits per token are bits per character
-    assert expected["run-rmt"]["mem_tokens"] == 2 and expected["run-transformer"]["mem_len"] == 0
+    names = {arch: _run_name(run_dir) for arch, run_dir in store["runs"].items()}
+    assert expected[names["rmt"]]["mem_tokens"] == 2 and expected[names["transformer"]]["mem_len"] == 0
 
 
 def test_markdown_table_matches_and_is_printed(store, compared):
@@ -183,9 +195,10 @@ def test_markdown_table_matches_and_is_printed(store, compared):
     assert compared["stdout"] == markdown
     lines = [line for line in markdown.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == ["run", "arch", "params", "mem", "FLOPs/token", "dev ppl", "test ppl", "tokens/s", "steps"]
+    assert header == ["run", "arch", "params", "mem", "FLOPs/token", "dev ppl", "test ppl", "test ppl, other lengths",
+                      "tokens/s", "steps"]
     body = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[1:]]
-    assert [row["run"] for row in body] == ["run-transformer", "run-lamemo", "run-rmt"]
+    assert [row["run"] for row in body] == [_run_name(store["runs"][a]) for a in ("transformer", "lamemo", "rmt")]
     for row in body:
         want = expected[row["run"]]
         assert row["arch"] == want["arch"]
@@ -193,6 +206,8 @@ def test_markdown_table_matches_and_is_printed(store, compared):
         assert _read_si(row["FLOPs/token"]) == pytest.approx(want["flops_per_token"], rel=5e-3)
         assert float(row["dev ppl"]) == pytest.approx(want["dev_ppl"], abs=0.006)
         assert (float(row["test ppl"]) if row["test ppl"] else None) == pytest.approx(want["test_ppl"], abs=0.006)
+        longer = want["test_ppl_mem16"]
+        assert row["test ppl, other lengths"] == (f"{longer:.2f} (N=8 M=16)" if longer else "")
         assert float(row["tokens/s"].replace(",", "")) == pytest.approx(want["tokens_per_s"], abs=0.51)
         assert int(row["steps"]) == STEPS
     assert [row["mem"] for row in body] == ["0", "8", "0 + 2 tokens"]
@@ -250,8 +265,9 @@ def test_unreachable_or_missing_store_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_server_gives_the_same_table_as_sqlite(store, compared, tmp_path):
-    """A real `mlflow server` on 127.0.0.1 over the same SQLite file: the CSV read through it is identical."""
+def test_server_gives_the_same_table_as_sqlite(store, compared, tmp_path, capfd):
+    """A real `mlflow server` on 127.0.0.1 over the same SQLite file: the CSV read through it is identical, and
+    stdout is the table alone (MLflow prints "View run ... at: URL" when a run on a server ends)."""
     from memlm.cli import main
     from trainer.distributed import free_port
 
@@ -265,9 +281,12 @@ def test_server_gives_the_same_table_as_sqlite(store, compared, tmp_path):
     try:
         _wait_for_health(server, port, tmp_path / "server.log")
         out = tmp_path / "via-server"
+        capfd.readouterr()
         assert main(["compare", "--experiment", EXPERIMENT, "--uri", f"http://127.0.0.1:{port}",
                      "--out", str(out)]) == 0
         assert (out / "table.csv").read_text() == (compared["dir"] / "table.csv").read_text()
+        printed = capfd.readouterr()
+        assert printed.out == (out / "table.md").read_text() and "View run" not in printed.err, printed
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
@@ -306,3 +325,25 @@ def test_bpc_only_for_byte_level_runs():
     assert (row("bytes").dev_bpc, row("bytes").test_bpc) == (6.64, 6.7)
     assert (row("word").dev_bpc, row("word").test_bpc) == (None, None)
     assert row("spm-unigram").dev_bpc is None and row("word").dev_ppl == 100.0
+
+
+def test_evaluations_at_other_lengths_get_their_own_column():
+    """`memlm eval --mem-mult 4` logs test_ppl_tgt8_mem32: shown beside the as-trained test ppl, never as it, and
+    the column appears only when some run has such an evaluation."""
+    from cluster.compare_runs import RunRecord
+    from cluster.compare_table import build_row, to_markdown
+
+    def row(metrics):
+        return build_row(RunRecord(run_id="r", name="lamemo-3f9a2c", status="FINISHED",
+                                   params={"model.arch": "lamemo"}, metrics=metrics, tags={}))
+
+    plain = row({"test_ppl": 40.0, "test_nll_tgt8_mem32": 3.6})
+    assert plain.test_ppl_other == [] and "other lengths" not in to_markdown([plain])
+    extended = row({"test_ppl_tgt8_mem32": 37.5, "test_ppl_tgt8_mem16": 38.25,
+                    "test_ppl_tgt64_mem256_clamp100_same": 9.0, "valid_ppl_tgt8_mem32": 41.0})
+    assert extended.test_ppl is None  # not the run's own test perplexity
+    assert extended.test_ppl_other == [("tgt8_mem16", 38.25), ("tgt8_mem32", 37.5),
+                                       ("tgt64_mem256_clamp100_same", 9.0)]
+    table = to_markdown([plain, extended])
+    assert "| test ppl | test ppl, other lengths |" in table
+    assert "|  | 38.25 (N=8 M=16); 37.50 (N=8 M=32); 9.00 (N=64 M=256 clamp 100 same length) |" in table

@@ -19,7 +19,11 @@ def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "HELD_OUT_BYTES", 12_000)
     args = Namespace(steps=3, out="runs/demo", archs=("transformer", "txl", "lamemo"))
     assert demo.main(args) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    # MLflow's start-up lines (a fresh store: "Creating initial MLflow database tables") go to OUT/library.log.
+    assert "INFO mlflow" not in captured.out + captured.err, captured.err
+    assert "Creating initial MLflow database tables" in (tmp_path / "runs/demo/library.log").read_text()
 
     rows = {}
     for line in out.splitlines():
@@ -56,10 +60,21 @@ def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
     for r in by_arch.values():
         assert r.info.status == "FINISHED"
         assert "loss" in r.data.metrics and "test_nll" in r.data.metrics
+    # Names tell runs apart: arch, corpus and tokenizer, and one id per demo.
+    names = {arch: r.info.run_name for arch, r in by_arch.items()}
+    ids = set()
+    for arch, name in names.items():
+        m = re.fullmatch(rf"demo-{arch}-stdlib-bytes-([0-9a-f]{{6}})", name)
+        assert m, names
+        ids.add(m.group(1))
+    assert len(ids) == 1 and all(name in out for name in names.values())  # the demo says which runs are its own
     assert (tmp_path / "runs/demo/results.json").is_file()
 
-    # A second run into the same folder replaces the demo's own corpus, data and runs.
+    # A second run into the same folder replaces the demo's own corpus, data and runs; its MLflow run is new and
+    # named apart from the first demo's.
     assert demo.main(Namespace(steps=2, out="runs/demo", archs=("txl",))) == 0
+    names_now = [r.info.run_name for r in client.search_runs([exp.experiment_id])]
+    assert len(names_now) == 4 and len(set(names_now)) == 4, names_now
 
 
 def test_memory_effect_and_tail_loss_are_computed_from_the_rows():

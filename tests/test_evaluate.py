@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -244,6 +245,23 @@ def test_cli_process_exit_status(runs, tmp_path):
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "config.yaml is missing" in proc.stderr
+
+
+
+def test_cli_console_holds_memlm_lines_only(runs, tmp_path):
+    """`memlm eval` as a user runs it (DS_ACCELERATOR unset): DeepSpeed's import-time "Setting accelerator to CPU"
+    warning, printed on a machine without a GPU, goes to the run's library.log; the console gets memlm's thread
+    line, the progress line and the JSON."""
+    run = tmp_path / "txl"
+    shutil.copytree(runs / "txl", run)
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-m", "memlm", "eval", str(run), "--json", str(tmp_path / "e.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accelerator" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == json.loads((tmp_path / "e.json").read_text())
+    if not torch.cuda.is_available():  # where DeepSpeed has a GPU to find, it has nothing to warn about
+        assert "Setting accelerator to CPU" in (run / "library.log").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------

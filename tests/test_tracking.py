@@ -108,7 +108,8 @@ def test_default_store_is_sqlite_in_working_folder(tmp_path):
     tracker.finish("FAILED")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(tracker.run_id)
-    assert run.info.status == "FAILED" and run.info.run_name == "run"  # default name: the run folder's
+    # Default name: the arch (the folder's name lacks it), the folder's name, the start of the run id.
+    assert run.info.status == "FAILED" and run.info.run_name == f"txl-run-{tracker.run_id[:6]}"
     assert metric_values(client, tracker.run_id, "loss") == [(1, 1.5)]
 
 
@@ -181,7 +182,10 @@ def test_unreachable_server_warns_once_and_goes_quiet(tmp_path, caplog):
     assert time.monotonic() - start < 5
     warnings = [r for r in caplog.records if r.name == "trainer.tracking" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert uri in warnings[0].getMessage() and "metrics.jsonl" in warnings[0].getMessage()
+    # The reason in words, not the request URL and urllib3's repr cut at 300 characters.
+    assert warnings[0].getMessage() == (f"MLflow tracking at {uri} failed (cannot reach the server: Connection "
+                                        "refused); tracking is off for the rest of this run, metrics.jsonl in the "
+                                        "run folder stays complete")
     assert not tracker.active and tracker.run_id is None
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
 
@@ -203,13 +207,79 @@ def test_failure_mid_run_warns_once(tmp_path, monkeypatch, caplog):
     assert not tracker.active
 
 
+def tracker_experiment(uri: str) -> str:
+    return MlflowClient(tracking_uri=uri).get_experiment_by_name("test").experiment_id
+
+
+def test_default_run_names_tell_runs_apart_and_a_chosen_one_stays(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    names = []
+    for folder in ("a/lamemo", "b/lamemo", "c/exp3"):  # two folders of the same name, one without the arch
+        cfg = make_config(uri, **{"model.arch": "lamemo"})
+        with Tracker(cfg.tracking, tmp_path / folder, 0, cfg) as tracker:
+            pass
+        names.append(MlflowClient(tracking_uri=uri).get_run(tracker.run_id).info.run_name)
+        assert names[-1].endswith(f"-{tracker.run_id[:tracking.RUN_ID_CHARS]}"), names
+    assert [n[:-7] for n in names] == ["lamemo", "lamemo", "lamemo-exp3"] and len(set(names)) == 3
+    chosen = make_config(uri, **{"tracking.run_name": "trial_0001"})  # the sweep names its trials itself
+    with Tracker(chosen.tracking, tmp_path / "d", 0, chosen) as tracker:
+        pass
+    assert MlflowClient(tracking_uri=uri).get_run(tracker.run_id).info.run_name == "trial_0001"
+
+
+def test_experiments_carry_a_saved_runs_view_the_ui_reads(tmp_path):
+    """The MLflow UI lists an experiment tag `mlflow.sharedViewState.<key>` as a saved view of the runs table when
+    its value is {"name": str, "createdAt": number, "state": JSON string} (mlflow/server/js: the saved-view
+    envelope), and shows the state's selectedColumns ("metrics.`key`", "tags.`key`", "attributes.`Name`")."""
+    import json
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment(tracking.ensure_experiment(make_config(uri).tracking, client))
+    view = json.loads(experiment.tags[tracking.RUNS_VIEW_TAG])
+    assert tracking.RUNS_VIEW_TAG == f"mlflow.sharedViewState.{tracking.RUNS_VIEW_KEY}"
+    assert isinstance(view["name"], str) and isinstance(view["createdAt"], int) and isinstance(view["state"], str)
+    columns = json.loads(view["state"])["selectedColumns"]
+    # The metrics the trainer and `memlm eval` log, the tags the Tracker sets.
+    for key in ("valid_ppl", "test_ppl", "loss", "tokens", "tokens_per_s"):
+        assert f"metrics.`{key}`" in columns, columns
+    assert {"tags.`arch`", "tags.`tokenizer`"} <= set(columns)
+
+    # An experiment made before (by hand, or an older memlm) gets the view once; a view the user edited stays.
+    old = client.create_experiment("older")
+    older = make_config(uri, **{"tracking.experiment": "older"}).tracking
+    tracking.ensure_experiment(older, client)
+    assert tracking.RUNS_VIEW_TAG in client.get_experiment(old).tags
+    client.set_experiment_tag(old, tracking.RUNS_VIEW_TAG, "edited in the UI")
+    tracking.ensure_experiment(older, client)
+    assert client.get_experiment(old).tags[tracking.RUNS_VIEW_TAG] == "edited in the UI"
+
+
+def test_error_reason_is_readable_and_never_cut_mid_word():
+    class Wrapped(Exception):
+        pass
+
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as inner:
+            raise Wrapped("API request to http://h:5000/api/2.0/mlflow/runs/create failed with " + "x" * 400) from inner
+    except Wrapped as exc:
+        assert tracking.error_reason(exc) == "cannot reach the server: Connection refused"
+    long = RuntimeError("database " + "locked again " * 40 + "\nsecond line")
+    reason = tracking.error_reason(long)
+    assert reason.startswith("RuntimeError: database locked again") and reason.endswith(" ...")
+    assert reason[:-4].split()[-1] in ("locked", "again")  # whole words only
+    assert len(reason) <= 300 + 4 and "second line" not in reason
+
+
 def test_redacts_password_in_warnings():
     assert tracking._redact("http://user:secret@host:5000/x") == "http://user:***@host:5000/x"
     assert tracking._redact("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
 
 
 @pytest.mark.slow
-def test_real_mlflow_server(tmp_path):
+def test_real_mlflow_server(tmp_path, capfd):
     """Slower (~15 s: the server's start-up): params and metrics reach a real tracking server over HTTP."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -240,8 +310,14 @@ def test_real_mlflow_server(tmp_path):
         for step in range(5):
             tracker.log_metrics(step, {"loss": float(step)})
         tracker.log_artifact(run_dir / "note.txt")
+        capfd.readouterr()
         tracker.finish()
         assert tracker.run_id
+        # MLflow prints "View run NAME at: URL" when a run on a server ends: into the run's library.log.
+        printed = capfd.readouterr()
+        assert "View run" not in printed.out + printed.err, printed
+        link = f"/#/experiments/{tracker_experiment(uri)}/runs/{tracker.run_id}"
+        assert link in (run_dir / "library.log").read_text()
 
         client = MlflowClient(tracking_uri=uri)
         run = client.get_run(tracker.run_id)

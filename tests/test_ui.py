@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -22,17 +23,22 @@ from train_support import child_env
 
 # One xdist worker runs the whole file (scripts/test.sh: --dist loadgroup), so the module fixture is built once.
 pytestmark = pytest.mark.xdist_group("ui")
-EXPERIMENT = "ui-check"
+EXPERIMENT = "ui-check"  # made by hand: no saved view
+TRACKED = "ui-tracked"  # made as training makes it: with memlm's saved view of the runs table
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    """A SQLite store holding one experiment, so the test can tell the server reads this store and no other."""
+    """A SQLite store holding two experiments, so the test can tell the server reads this store and no other."""
     from mlflow import MlflowClient
+
+    from trainer.config import TrackingConfig
+    from trainer.tracking import ensure_experiment
 
     root = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).create_experiment(EXPERIMENT)
+    ensure_experiment(TrackingConfig(experiment=TRACKED, uri=uri))
     return uri
 
 
@@ -60,6 +66,12 @@ def _wait_until_serving(proc: subprocess.Popen, port: int, limit: float = 90.0) 
     raise AssertionError(f"memlm ui did not answer on 127.0.0.1:{port} within {limit:.0f} s")
 
 
+def _experiment_id(store: str, name: str) -> str:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=store).get_experiment_by_name(name).experiment_id
+
+
 def _listening(pids: list[int]) -> set[tuple[str, int]]:
     import psutil
 
@@ -81,6 +93,9 @@ def test_ui_serves_the_store_on_loopback_and_stops_cleanly(store, tmp_path):
 
     port = free_port()
     ui = _memlm("ui", "--uri", store, "--port", str(port), cwd=tmp_path)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(ui.stdout), daemon=True)
+    reader.start()
     try:
         _wait_until_serving(ui, port)
         # The server reads the store we gave it: our experiment is there.
@@ -88,6 +103,13 @@ def test_ui_serves_the_store_on_loopback_and_stops_cleanly(store, tmp_path):
                             f"?experiment_name={EXPERIMENT}")
         assert status == 200 and json.loads(body)["experiment"]["name"] == EXPERIMENT
         assert _get(f"http://127.0.0.1:{port}/")[0] == 200  # the UI page itself
+        # The UI reads an experiment's saved views from its tags, through this request.
+        from trainer.tracking import RUNS_VIEW_COLUMNS, RUNS_VIEW_TAG
+
+        tracked = json.loads(_get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get-by-name"
+                                  f"?experiment_name={TRACKED}")[1])["experiment"]
+        view = json.loads({t["key"]: t["value"] for t in tracked["tags"]}[RUNS_VIEW_TAG])
+        assert json.loads(view["state"])["selectedColumns"] == list(RUNS_VIEW_COLUMNS)
 
         family = [ui.pid] + [p.pid for p in psutil.Process(ui.pid).children(recursive=True)]
         assert len(family) >= 2, family  # memlm and the mlflow server (plus its worker)
@@ -108,10 +130,25 @@ def test_ui_serves_the_store_on_loopback_and_stops_cleanly(store, tmp_path):
         assert wide.returncode == 2 and len(lines) == 2, err
         assert lines[0].startswith("memlm: warning: binding the MLflow UI to 0.0.0.0") and "in use" in lines[1]
 
+        deadline = time.monotonic() + 60  # the links follow the first line once the server answers
+        while len(printed) < 3 and time.monotonic() < deadline and ui.poll() is None:
+            time.sleep(0.2)
         ui.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = ui.communicate(timeout=40)
+        ui.wait(timeout=40)
+        reader.join(timeout=10)
+        out, err = "".join(printed), ui.stderr.read()
         assert ui.returncode == 0, err[-3000:]
         assert f"MLflow UI at http://127.0.0.1:{port}" in out
+        # Links to the runs tables: memlm's saved view where the experiment has it.
+        ids = {name: _experiment_id(store, name) for name in (EXPERIMENT, TRACKED)}
+        runs = f"http://127.0.0.1:{port}/#/experiments/{{}}/runs"
+        assert f"  {TRACKED}: {runs.format(ids[TRACKED])}?viewStateShareKey=memlm\n" in out
+        assert f"  {EXPERIMENT}: {runs.format(ids[EXPERIMENT])}\n" in out
+        # The console holds memlm's lines only: uvicorn's start-up and request lines are in the server's log,
+        # requests not at all (the UI polls; a day-long session wrote thousands of lines).
+        assert "INFO" not in out + err and '"GET /' not in out + err, out + err
+        log = (Path(store[len("sqlite:///"):]).parent / "mlflow-ui.log").read_text()
+        assert f"Uvicorn running on http://127.0.0.1:{port}" in log and '"GET /' not in log, log[-2000:]
         gone, alive = psutil.wait_procs([psutil.Process(p) for p in family[1:] if psutil.pid_exists(p)], timeout=5)
         assert not alive, [p.pid for p in alive]  # no orphan server or worker
         with socket.socket() as sock:  # and the port is free again (REUSEADDR: our requests' TIME_WAIT is no listener)
@@ -192,3 +229,19 @@ def test_default_store_is_the_working_folders(tmp_path, monkeypatch, capsys):
     assert cmd[cmd.index("--artifacts-destination") + 1] == (tmp_path / "mlartifacts").resolve().as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert backend_store(None) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_the_installed_ui_reads_saved_views_where_memlm_writes_them():
+    """memlm's saved runs view is an experiment tag and a URL parameter that this MLflow's UI bundle reads: the
+    tag prefix and the parameter name must still be in its JavaScript (an MLflow upgrade that drops saved views
+    fails here rather than silently opening the default columns)."""
+    import mlflow
+
+    from trainer.tracking import RUNS_VIEW_TAG
+
+    bundle = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    text = "".join(path.read_text(errors="replace") for path in bundle.glob("*.js"))
+    prefix = RUNS_VIEW_TAG.rsplit(".", 1)[0] + "."
+    assert f'"{prefix}"' in text and '"viewStateShareKey"' in text
+    # The envelope's validation: a string name, a number createdAt, a string state.
+    assert "Invalid saved-view envelope" in text

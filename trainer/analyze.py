@@ -240,7 +240,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
 def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
     """Add the files to the training run's MLflow run under `analysis/` (False when the run is not tracked or
     MLflow fails: the files in the run folder stand, as for `memlm eval`)."""
-    from trainer.tracking import _ENV_DEFAULTS, RUN_ID_FILE, URI_FILE
+    from trainer.tracking import _ENV_DEFAULTS, RUN_ID_FILE, URI_FILE, error_reason
 
     id_file = run_dir / RUN_ID_FILE
     if not config.tracking.enabled or not id_file.is_file():
@@ -258,8 +258,8 @@ def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
         for path in files:
             client.log_artifact(run_id, str(path), "analysis")
     except Exception as exc:  # noqa: BLE001 - the analysis is written; tracking must not undo it
-        log.warning("MLflow logging of the analysis of %s failed (%s: %s); the files are in %s", run_dir,
-                    type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", files[0].parent)
+        log.warning("MLflow logging of the analysis of %s failed (%s); the files are in %s", run_dir,
+                    error_reason(exc), files[0].parent)
         return False
     return True
 
@@ -272,10 +272,13 @@ def main(args) -> int:
     print(f"{args.run_dir}: {result['arch']}, {result['segments']} {args.split} segments")
     summary = result.get("attention_intervals")
     if summary:
-        for l, (mem, cur) in enumerate(zip(summary["memory_max_weight"], summary["current_max_weight"])):
+        rows = zip(summary["memory_mass"], summary["memory_max_weight"], summary["current_max_weight"])
+        for l, (mass, mem, cur) in enumerate(rows):
+            mass_text = "n/a" if mass is None else f"{100 * mass:.0f}%"
             mem_text = "n/a" if mem is None else f"{mem:.3f}"
             cur_text = "n/a" if cur is None else f"{cur:.3f}"
-            print(f"  layer {l}: mean max attention weight  memory {mem_text}  current segment {cur_text}")
+            print(f"  layer {l}: attention on the memory {mass_text}; mean max attention weight  memory {mem_text}  "
+                  f"current segment {cur_text}")
     alphas = result.get("lamemo_alpha", {}).get("alpha")
     if alphas:
         for l, row in enumerate(alphas):

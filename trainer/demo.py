@@ -7,7 +7,8 @@
 2. Training. A small no-memory Transformer+RPE baseline, Transformer-XL and LaMemo, each by the real command
    (`memlm train OUT/configs/ARCH.yaml`: a DeepSpeed engine, CPU accelerator when there is no GPU) into
    OUT/runs/ARCH, all at once (one process each, the cores shared out between them), tracked in MLflow
-   (experiment "memlm-demo"; default store: SQLite mlflow.db in the working folder). Every architecture trains
+   (experiment "memlm-demo", runs named demo-ARCH-CORPUS-TOKENIZER-ID with one ID per demo; default store: SQLite
+   mlflow.db in the working folder; MLflow's start-up lines go to OUT/library.log). Every architecture trains
    for the same `--steps` on the same batches: the papers compare at equal steps and equal tokens, never equal
    wall time (a faster model would otherwise get more data).
 3. Evaluation of each run's final checkpoint on the test split (`evaluate_run`, per-document memory).
@@ -124,7 +125,7 @@ def prepare_corpus(out: Path, wikitext: str | None) -> tuple[Path, dict, str]:
 # Training
 
 
-def demo_tree(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR) -> dict:
+def demo_tree(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR, run_name: str = "") -> dict:
     """The run configuration of one architecture, as the nested mapping a YAML preset holds."""
     model = {"arch": arch, **MODEL, **ARCH_MODEL[arch], "vocab_size": vocab_size}
     if vocab_size > 20_000:  # word-level WikiText: an adaptive softmax keeps the CPU step affordable
@@ -136,8 +137,17 @@ def demo_tree(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DE
                   "clip": 0.25, "save_every": 0, "keep_last": 1, "eval_every": 0,
                   "log_every": max(1, min(50, steps // 20))},
         "deepspeed": {"zero_stage": 0, "precision": "fp32"},
-        "tracking": {"enabled": True, "experiment": DEMO_EXPERIMENT, "run_name": f"demo-{arch}"},
+        "tracking": {"enabled": True, "experiment": DEMO_EXPERIMENT, "run_name": run_name or f"demo-{arch}"},
     }
+
+
+def run_names(archs: tuple[str, ...], corpus: str, tokenizer: str) -> dict[str, str]:
+    """MLflow run names of one demo: arch, corpus and tokenizer (a byte-level ppl of 5 and a word-level one of 1,000
+    sit in the same experiment), and a short id shared by this demo's runs and no other demo's."""
+    import uuid
+
+    demo_id = uuid.uuid4().hex[:6]
+    return {arch: f"demo-{arch}-{corpus}-{tokenizer}-{demo_id}" for arch in archs}
 
 
 def demo_config(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR):
@@ -284,9 +294,14 @@ def main(args) -> int:
 
     from .evaluate import evaluate_run
 
-    trees = {arch: demo_tree(arch, data, vocab, steps, lr) for arch in archs}
+    names = run_names(archs, "wikitext" if wikitext else "stdlib", tok["kind"])
+    trees = {arch: demo_tree(arch, data, vocab, steps, lr, names[arch]) for arch in archs}
+    import mlflow  # noqa: F401 - it sets its loggers up at import; they are routed below
+
+    from .quiet import route_library_loggers
     from .tracking import ensure_experiment
 
+    route_library_loggers(out)  # "Creating initial MLflow database tables" and the like: OUT/library.log
     ensure_experiment(demo_config(archs[0], data, vocab, steps, lr).tracking)  # once, before the parallel runs
     try:
         train_seconds = train_all(out, trees)
@@ -320,7 +335,7 @@ def main(args) -> int:
     uri = demo_config(archs[0], data, vocab, steps, lr).tracking.resolved_uri()
     print(f"\nrun folders: {out / 'runs'}/ARCH (config, DeepSpeed JSON, metrics.jsonl, checkpoints, eval/); "
           f"table: {out / 'results.json'}")
-    print(f"MLflow: experiment '{DEMO_EXPERIMENT}' in {uri}")
+    print(f"MLflow: experiment '{DEMO_EXPERIMENT}' in {uri}; this demo's runs: {', '.join(names.values())}")
     if uri.startswith("sqlite:///"):
         store = _relative_sqlite(uri)
         flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default

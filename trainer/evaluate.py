@@ -234,7 +234,9 @@ def step_of(tag: str) -> int | None:
 def load_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     """The fp32 module state dict of a DeepSpeed checkpoint at any ZeRO stage and world size."""
     from trainer import checkpoint
+    from trainer.quiet import import_deepspeed
 
+    import_deepspeed(ckpt_dir.parent)  # reading DeepSpeed's files imports it: its start-up lines go to the run's log
     folder = ckpt_dir / tag
     checkpoint.verify_folder(folder)  # zero_to_fp32 unpickles in full: refuse a file that could run code first
     if any(folder.glob("*_optim_states.pt")):

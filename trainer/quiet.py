@@ -4,11 +4,13 @@
         deepspeed.init_distributed(...)      # ("DeepSpeed ... built successfully" from every rank, ninja builds)
     route_library_loggers(run_dir)           # mlflow / alembic / DeepSpeed / Ray loggers: INFO to the file,
                                              # only WARNING and above still reach the console
+    import_deepspeed(run_dir)                # what DeepSpeed prints while it is imported, into the file
 
 What counts as noise: lines a library prints on every start whatever happened (DeepSpeed's op "built successfully"
-even when it was loaded from the cache, MLflow's "Creating initial MLflow database tables", its alembic
-migrations). They stay in RUN_DIR/library.log (appended by every rank and every resume), so nothing is lost
-when something goes wrong; warnings and errors still reach the console.
+even when it was loaded from the cache, its "Setting accelerator to CPU" at import on a machine without a GPU,
+MLflow's "Creating initial MLflow database tables", its alembic migrations, its "View run ... at: URL" when a run
+ends on a tracking server). They stay in RUN_DIR/library.log (appended by every rank and every resume), so nothing
+is lost when something goes wrong; warnings and errors still reach the console.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ def into_library_log(run_dir: str | os.PathLike):
             os.close(fd)
 
 
+@contextlib.contextmanager
+def prints_into_library_log(run_dir: str | os.PathLike):
+    """Python-level `sys.stdout` into RUN_DIR/library.log for the block: for a library call that prints with
+    sys.stdout.write (MLflow's "View run ... at: URL"), whatever sys.stdout is at the moment (a test's capture,
+    a notebook's stream). Not for an import: a logger created inside would keep the swapped-in stream."""
+    with open(library_log(run_dir), "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        yield
+
+
 def route_library_loggers(run_dir: str | os.PathLike, names: tuple[str, ...] = LIBRARY_LOGGERS) -> Path:
     """INFO and above of each library logger into RUN_DIR/library.log; its console handlers keep WARNING and
     above. Call it after the library is imported (MLflow replaces its loggers' handlers at import). Idempotent."""
@@ -89,3 +100,17 @@ def route_library_loggers(run_dir: str | os.PathLike, names: tuple[str, ...] = L
         if logger.level == logging.NOTSET or logger.level > logging.INFO:
             logger.setLevel(logging.INFO)
     return path
+
+
+def import_deepspeed(run_dir: str | os.PathLike) -> None:
+    """Import DeepSpeed with what it prints meanwhile going to RUN_DIR/library.log: on a machine without a GPU its
+    accelerator detection warns "Setting accelerator to CPU" on every import (eval, generate and analyze import it
+    to read checkpoints; training imports it after choosing the accelerator itself). A run folder this process may
+    not write to (someone else's runs) keeps the plain import."""
+    if "deepspeed" in sys.modules:
+        return
+    if not os.access(run_dir, os.W_OK):
+        import deepspeed  # noqa: F401
+        return
+    with into_library_log(run_dir):
+        import deepspeed  # noqa: F401,F811

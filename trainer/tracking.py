@@ -13,6 +13,7 @@ can hold several trackers, and nothing the trainer or a library does with the fl
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -38,6 +39,15 @@ MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 # the runs table, where memlm's training runs are.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+# The UI's runs table shows Source / Models / Dataset columns by default, none of which a training run fills. MLflow
+# 3's saved views live in experiment tags `mlflow.sharedViewState.<key>` (a JSON envelope around the UI state) and
+# open from `#/experiments/<id>/runs?viewStateShareKey=<key>`: memlm saves one view per experiment with the columns
+# that tell runs apart, and `memlm ui` links to it. A user may edit or overwrite it in the UI; memlm never replaces it.
+RUNS_VIEW_KEY = "memlm"
+RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
+RUNS_VIEW_NAME = "memlm: training metrics"
+RUNS_VIEW_COLUMNS = ("metrics.`valid_ppl`", "metrics.`test_ppl`", "metrics.`loss`", "metrics.`tokens`",
+                     "metrics.`tokens_per_s`", "tags.`arch`", "tags.`tokenizer`", "attributes.`Duration`")
 
 _ENV_DEFAULTS = {
     # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
@@ -48,6 +58,7 @@ _ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
+RUN_ID_CHARS = 6  # of the MLflow run id, appended to a default run name: enough to tell a store's runs apart
 
 
 class Tracker:
@@ -62,6 +73,7 @@ class Tracker:
         self._calls = 0
         self._warned = False
         self._last_flush = time.monotonic()
+        self._run_dir = Path(run_dir)
         if rank != 0 or not cfg.enabled:
             return
         for key, value in _ENV_DEFAULTS.items():
@@ -114,7 +126,11 @@ class Tracker:
             return
         self.flush()
         if self.active:
-            self._guard(self._client.set_terminated, self.run_id, status)
+            from .quiet import prints_into_library_log
+
+            # Against a tracking server MLflow prints "View run ... at: URL" lines on stdout here.
+            with prints_into_library_log(self._run_dir):
+                self._guard(self._client.set_terminated, self.run_id, status)
         self._client = None
 
     def __enter__(self) -> "Tracker":
@@ -137,9 +153,8 @@ class Tracker:
             if not self._warned:
                 self._warned = True
                 log.warning(
-                    "MLflow tracking at %s failed (%s: %s); tracking is off for the rest of this run, "
-                    "metrics.jsonl in the run folder stays complete",
-                    _redact(self.uri), type(exc).__name__, _first_line(exc))
+                    "MLflow tracking at %s failed (%s); tracking is off for the rest of this run, "
+                    "metrics.jsonl in the run folder stays complete", _redact(self.uri), error_reason(exc))
             self._client = None
             self._metrics.clear()
 
@@ -169,7 +184,10 @@ class Tracker:
             experiment_id = ensure_experiment(cfg, client)
             # mlflow.parentRunId is how the MLflow UI nests a sweep's trials under the sweep run.
             nest = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
-            run_id = client.create_run(experiment_id, run_name=cfg.run_name or run_dir.name, tags=nest).info.run_id
+            label = cfg.run_name or default_run_label(str(config.model.arch), run_dir)
+            run_id = client.create_run(experiment_id, run_name=label, tags=nest).info.run_id
+            if not cfg.run_name:  # the id exists only now; a name the user chose stays as given
+                client.update_run(run_id, name=f"{label}-{run_id[:RUN_ID_CHARS]}")
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
             (run_dir / URI_FILE).write_text(self.uri + "\n")
@@ -246,8 +264,10 @@ def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
     if found is not None:
         if found.lifecycle_stage == "deleted":  # deleted in the UI: runs cannot be created in it until restored
             client.restore_experiment(found.experiment_id)
-        if EXPERIMENT_KIND_TAG not in found.tags:  # made by an older memlm or by hand; a user's own choice stays
-            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        # Made by an older memlm or by hand: add what is missing; a user's own choice stays.
+        for key, value in experiment_tags().items():
+            if key not in found.tags:
+                client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     # A SQLite store would put artifacts in ./mlruns of whatever folder the creator ran in; keep them beside
     # the database instead, so every run of the experiment, from any folder, writes to one place.
@@ -255,12 +275,25 @@ def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     try:
-        return client.create_experiment(cfg.experiment, artifact_location=location,
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        return client.create_experiment(cfg.experiment, artifact_location=location, tags=experiment_tags())
     except MlflowException as exc:  # another process created it between our two calls
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def experiment_tags() -> dict[str, str]:
+    """The tags of an experiment memlm creates: open on the runs table, with memlm's saved view of it."""
+    now = int(time.time() * 1000)
+    state = {"selectedColumns": list(RUNS_VIEW_COLUMNS)}
+    view = {"name": RUNS_VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    return {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, RUNS_VIEW_TAG: json.dumps(view)}
+
+
+def default_run_label(arch: str, run_dir: Path) -> str:
+    """The run folder's name, led by the arch unless the name already holds it: "lamemo", "txl-exp3"."""
+    name = Path(run_dir).resolve().name
+    return name if arch.lower() in name.lower() else f"{arch}-{name}"
 
 
 def tokenizer_kind(data_path: str | os.PathLike) -> str:
@@ -287,9 +320,23 @@ def _param_value(value: Any) -> str:
     return str(value)[:MAX_PARAM_VALUE]
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else ""
+def error_reason(exc: BaseException, limit: int = 300) -> str:
+    """One readable piece for a log line: the operating system's reason where the failure was the network's
+    (MLflow wraps "Connection refused" three exceptions deep, after the whole request URL), else the exception's
+    type and the first line of its message, shortened at a word boundary."""
+    import socket
+
+    seen, inner = set(), exc
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, (ConnectionError, TimeoutError, socket.gaierror)):
+            return f"cannot reach the server: {inner.strerror or inner}"
+        inner = inner.__cause__ or inner.__context__
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
 
 
 def _redact(uri: str) -> str:
@@ -334,8 +381,8 @@ def log_eval_result(config: RunConfig, run_dir: Path, result: dict[str, Any], js
         client.log_batch(run_id, metrics=metrics, synchronous=True)
         client.log_artifact(run_id, str(json_path), "eval")
     except Exception as exc:  # noqa: BLE001 - the evaluation itself succeeded; tracking must not undo that
-        log.warning("MLflow tracking at %s failed (%s: %s); evaluation of %s not logged to run %s (the JSON is at %s)",
-                    _redact(uri), type(exc).__name__, _first_line(exc), run_dir, run_id, json_path)
+        log.warning("MLflow tracking at %s failed (%s); evaluation of %s not logged to run %s (the JSON is at %s)",
+                    _redact(uri), error_reason(exc), run_dir, run_id, json_path)
         return False
     return True
 
