@@ -165,4 +165,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+
+    sys.exit(stop_in_one_line(main))

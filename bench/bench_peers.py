@@ -389,4 +389,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+
+    sys.exit(stop_in_one_line(main))

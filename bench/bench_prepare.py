@@ -71,4 +71,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+
+    raise SystemExit(stop_in_one_line(main))

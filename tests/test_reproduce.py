@@ -2,30 +2,119 @@
 copy/reverse experiment reads from `memlm eval`.
 
 The smoke runs prove the pipeline: every file is written, perplexities are over every token of the split and
-accuracies over the answer tokens only. They never judge quality (3 training steps).
+accuracies over the answer tokens only. They never judge quality (3 training steps). Each experiment is first
+stopped as a user would stop it (Ctrl-C at the terminal, or SIGTERM to the script), then run again to its end
+with the same command: the stop is one line, leaves no process behind, and the rerun keeps the finished runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
+import psutil
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "reproduce" / name), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    script = subprocess.Popen([sys.executable, str(ROOT / "bench" / "reproduce" / name), *args], cwd=ROOT, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = script.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        script.terminate()  # not kill(): the script stops its children (their own sessions) before it exits
+        stdout, stderr = script.communicate()
+    proc = subprocess.CompletedProcess(script.args, script.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     return proc
+
+
+class Stopped(NamedTuple):
+    status: int
+    stdout: str
+    stop_line: str  # stderr, asserted to be this one line
+
+
+def _stop(console: Path, name: str, args: tuple[str, ...], signum: int, *, terminal: bool,
+          ready: Callable[[list[psutil.Process], str], bool]) -> Stopped:
+    """Start a reproduction script as a shell starts a job (a process group of its own) and, once
+    ready(its descendants, its stdout so far) holds, send SIGNUM: to the whole group as a terminal's Ctrl-C
+    does (terminal=True), or to the script alone as `kill` does. Asserts that nothing it started outlives it."""
+    out, err = console / f"{name}.out", console / f"{name}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "reproduce" / name), *args], cwd=ROOT, env=ENV,
+                                stdout=stdout, stderr=stderr, start_new_session=True)
+    script = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 600
+    while not ready(_descendants(script), out.read_text()):
+        assert proc.poll() is None, f"{name} ended before the moment to stop it: {out.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"{name}: the moment to stop it never came: {out.read_text()[-2000:]}"
+        time.sleep(0.1)
+    seen = _descendants(script)
+    sessions = {os.getsid(p.pid) for p in seen} - {proc.pid}  # the children's own sessions
+    (os.killpg if terminal else os.kill)(proc.pid, signum)
+    status = proc.wait(timeout=300)
+    left = [p for p in seen if _alive(p)] + [p for p in map(_process, psutil.pids()) if p and _alive(p) and
+                                            _sid(p) in sessions]
+    assert not left, f"still running after {name} exited: {[' '.join(p.cmdline())[:120] for p in left]}"
+    stop_lines = err.read_text().strip().splitlines()
+    assert len(stop_lines) == 1, err.read_text()
+    assert "Traceback" not in out.read_text()
+    return Stopped(status, out.read_text(), stop_lines[0])
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _sid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
+def _running(procs: list[psutil.Process], command: str) -> bool:
+    """Whether one of PROCS runs COMMAND ("memlm train", "raylet")."""
+    for proc in procs:
+        try:
+            if command in " ".join(proc.cmdline()):
+                return True
+        except psutil.Error:
+            pass
+    return False
+
+
+def _finished(work: Path) -> list[str]:
+    return sorted(p.parent.name for p in (work / "runs").glob("*/reproduce_row.json"))
 
 
 def _finite_numbers(payload) -> bool:
@@ -35,7 +124,31 @@ def _finite_numbers(payload) -> bool:
 
 def test_wikitext2_and_extrapolation_smoke(tmp_path):
     work = tmp_path / "wt2"
-    _script("wikitext2.py", "--profile", "smoke", "--work", str(work), "--variants", "transformer,txl,lamemo")
+    command = ("--profile", "smoke", "--work", str(work), "--variants", "transformer,txl,lamemo",
+               "--progress-every", "1")
+    # Ctrl-C once a run is finished, another is training and a progress line is out.
+    stop = _stop(tmp_path, "wikitext2.py", command, signal.SIGINT, terminal=True, ready=lambda kids, out: bool(
+        _finished(work)) and _running(kids, "memlm train") and "] running " in out)
+    finished = _finished(work)
+    assert stop.status == 130
+    assert stop.stop_line.startswith("wikitext2: stopped by Ctrl-C: ended ") and " (train " in stop.stop_line
+    assert stop.stop_line.endswith(f"; {len(finished)} of 3 runs finished; rerun the same command to resume: "
+                                   "finished runs are kept, interrupted ones start over")
+    # The runs the Ctrl-C ended are neither finished nor failed: no row, and the rest of the queue never started.
+    ended = [name for name in ("transformer-s1", "txl-s1", "lamemo-s1") if f" {name} (" in stop.stop_line]
+    assert ended and not set(ended) & set(finished)
+    started = {line.split("start ")[1].split(":")[0] for line in stop.stdout.splitlines() if "] start " in line}
+    assert started == set(ended) | set(finished)
+    # Progress: the trainings under way, with their step out of 3 (and an ETA) once they have logged one.
+    assert any(" train for " in line or " train step " in line for line in stop.stdout.splitlines()
+               if "] running " in line)
+
+    rerun = _script("wikitext2.py", *command)
+    for name in finished:
+        assert f"skip {name}: finished by an earlier invocation" in rerun.stdout
+    for name in ended:  # a training the Ctrl-C ended starts over; a finished training is only evaluated
+        again = "train 3 steps, then " if f" {name} (train " in stop.stop_line else "trained earlier: "
+        assert f"start {name}: {again}eval valid and test" in rerun.stdout
     result = json.loads((work / "reproduce_wt2_smoke.json").read_text())
     assert (work / "reproduce_wt2_smoke.png").is_file() and _finite_numbers(result)
     manifest = json.loads((work / "data" / "manifest.json").read_text())["splits"]
@@ -50,7 +163,13 @@ def test_wikitext2_and_extrapolation_smoke(tmp_path):
     for row in result["table"]:  # one seed: the mean is that seed's number, the spread zero
         assert row["test_ppl"] == row["test_ppl_per_seed"][0] and row["test_ppl_spread"] == 0
 
-    _script("extrapolate.py", "--profile", "smoke", "--work", str(work), "--num-cpus", "1")
+    command = ("--profile", "smoke", "--work", str(work), "--num-cpus", "1")
+    # Ctrl-C once the local Ray is up: memlm extrapolate and every Ray process it started end with the script.
+    stop = _stop(tmp_path, "extrapolate.py", command, signal.SIGINT, terminal=True,
+                 ready=lambda kids, out: _running(kids, "raylet"))
+    assert stop.status == 130
+    assert stop.stop_line.startswith("extrapolate: stopped by Ctrl-C: ended extrapolation (extrapolate for ")
+    _script("extrapolate.py", *command)
     extrapolation = json.loads((work / "reproduce_extrapolate_smoke.json").read_text())
     assert (work / "reproduce_extrapolate_smoke.png").is_file() and _finite_numbers(extrapolation)
     assert [r["m"] for r in extrapolation["table"]] == [1, 2]
@@ -62,7 +181,14 @@ def test_wikitext2_and_extrapolation_smoke(tmp_path):
 
 def test_copy_reverse_smoke(tmp_path):
     work = tmp_path / "tasks"
-    _script("copy_reverse.py", "--profile", "smoke", "--work", str(work), "--tasks", "reverse")
+    command = ("--profile", "smoke", "--work", str(work), "--tasks", "reverse")
+    # SIGTERM to the script alone (`kill PID`, a scheduler's preemption) while it trains: its children stop too.
+    stop = _stop(tmp_path, "copy_reverse.py", command, signal.SIGTERM, terminal=False,
+                 ready=lambda kids, out: _running(kids, "memlm train"))
+    assert stop.status == 143
+    assert stop.stop_line.startswith("copy_reverse: stopped by SIGTERM: ended reverse-S")
+    assert "; 0 of 7 runs finished; rerun the same command to resume" in stop.stop_line and _finished(work) == []
+    _script("copy_reverse.py", *command)
     result = json.loads((work / "reproduce_tasks_smoke.json").read_text())
     assert (work / "reproduce_tasks_smoke.png").is_file() and _finite_numbers(result)
     assert {(r["segments"], r["arch"]) for r in result["runs"]} == {
@@ -78,6 +204,23 @@ def test_copy_reverse_smoke(tmp_path):
                                                                          "docs": "64,16,16", "seed": 0}))
         assert run["scored_tokens"] == answers and 0.0 <= run["accuracy"] <= 1.0
         assert run["segments_spanned"] == run["segments"]  # L was chosen so a sample spans exactly S segments
+
+
+def test_progress_line_reads_the_step_and_rate_of_a_training(tmp_path):
+    """The ETA comes from the run's metrics.jsonl: steps between two rows over the time between their writes."""
+    from bench.reproduce.children import Child
+
+    metrics = tmp_path / "metrics.jsonl"
+    child = Child("txl-s1", "train", proc=None, run_dir=tmp_path, steps=100, started=1000.0)
+    assert child.position().startswith("txl-s1 train for ")  # no row yet: the time since it started
+    metrics.write_text(json.dumps({"step": 10, "loss": 5.0}) + "\n")
+    os.utime(metrics, (1010.0, 1010.0))
+    assert child.position() == "txl-s1 train step 10/100, ETA 1:30"  # 10 steps in its first 10 s, start-up included
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 30, "loss": 4.0}) + "\n")
+    os.utime(metrics, (1050.0, 1050.0))
+    assert child.position() == "txl-s1 train step 30/100, ETA 2:20"  # 20 steps in the 40 s since the first row
+    assert child.position(eta=False) == "txl-s1 train step 30/100"
 
 
 def _accuracy_reference(model, data: Path, split: str) -> tuple[int, int]:

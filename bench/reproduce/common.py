@@ -3,7 +3,8 @@ machine's cores, the machine's description, and JSON results next to the other b
 
 Each training run and each evaluation is the real command a user types (`memlm train`, `memlm eval`,
 `memlm extrapolate`, `memlm prepare`), started as its own process with one torch thread per job
-(OMP_NUM_THREADS=1): on a 2-core machine two jobs run side by side without oversubscribing.
+(OMP_NUM_THREADS=1): on a 2-core machine two jobs run side by side without oversubscribing. Ctrl-C or SIGTERM
+stops the script and every command it started (children.py) in one line; rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterable
+
+from bench.interrupt import Stopped, stop_in_one_line
+from bench.reproduce.children import CHILDREN
+from bench.reproduce.progress import RUNS, report_every
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -51,14 +55,18 @@ def job_env(threads: int = 1) -> dict:
     return env
 
 
-def memlm(args: list[str], log: Path, threads: int = 1) -> float:
-    """Run `memlm ARGS` with its output in LOG; returns wall seconds. Raises ExperimentError on failure."""
+def memlm(args: list[str], log: Path, threads: int = 1, *, name: str, run_dir: Path | None = None,
+          steps: int | None = None) -> float:
+    """Run `memlm ARGS` with its output in LOG; returns wall seconds. Raises ExperimentError on failure, Stopped
+    when the script is stopping. NAME (the run), RUN_DIR and STEPS (a training's) are what the progress line shows."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    what = f"eval {args[args.index('--split') + 1]}" if args[0] == "eval" and "--split" in args else args[0]
     with open(log, "a") as out:
         out.write(f"$ memlm {' '.join(args)}\n")
         out.flush()
-        code = subprocess.run(MEMLM + args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=job_env(threads)).returncode
+        code = CHILDREN.run(MEMLM + args, stdout=out, cwd=ROOT, env=job_env(threads), name=name, what=what,
+                            run_dir=run_dir, steps=steps)
     if code:
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
         raise ExperimentError(f"`memlm {args[0]}` failed with exit {code} (log: {log}): {tail[0]}")
@@ -67,9 +75,44 @@ def memlm(args: list[str], log: Path, threads: int = 1) -> float:
 
 def run_queue(jobs: Iterable[Callable[[], dict]], workers: int) -> list[dict]:
     """Run the jobs `workers` at a time (threads that wait on subprocesses); results in submission order."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(job) for job in jobs]
-        return [f.result() for f in futures]
+    pool = ThreadPoolExecutor(max_workers=workers)
+    futures = [pool.submit(job) for job in jobs]
+    try:
+        wait(futures)  # the signal handler's Stopped lands here
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)  # no queued job starts; the running ones are being stopped
+        raise
+    pool.shutdown()
+    return [f.result() for f in futures]
+
+
+def add_stop_options(parser) -> None:
+    parser.add_argument("--progress-every", type=float, default=60, metavar="SECONDS",
+                        help="print the commands under way (step, ETA) every SECONDS (default 60; 0: never)")
+    parser.add_argument("--grace", type=float, default=30, metavar="SECONDS",
+                        help="on Ctrl-C or SIGTERM, how long the commands get to stop before they are killed "
+                             "(default 30)")
+
+
+def supervise(args) -> None:
+    """Apply add_stop_options' choices: the grace period and the progress lines."""
+    CHILDREN.grace = args.grace
+    if args.progress_every > 0:
+        report_every(args.progress_every)
+
+
+def run_experiment(main: Callable[[], int], again: str = "rerun the same command to resume: finished runs are "
+                   "kept, interrupted ones start over") -> int:
+    """main()'s status; on Ctrl-C or SIGTERM the children stop and one line says what stopped and what AGAIN does."""
+
+    def wind_down(stop: Stopped) -> str:
+        ended = [f"{name} ({doing}{', killed' if killed else ''})" for name, doing, killed in CHILDREN.stop()]
+        parts = [f"ended {', '.join(ended)}"] if ended else []
+        if RUNS.total:
+            parts.append(f"{RUNS.finished} of {RUNS.total} runs finished")
+        return ": " + "; ".join(parts + [again])
+
+    return stop_in_one_line(main, on_signal=CHILDREN.forward, on_repeat=CHILDREN.kill_now, wind_down=wind_down)
 
 
 def read_json(path: Path) -> dict:

@@ -13,6 +13,9 @@ twice` plus its boundary token (3L + 2 tokens), a reverse sample `L symbols > re
 What the architectures can reach: the no-memory model sees one segment; Transformer-XL with M = N over 2 layers
 sees 3N = 24 tokens back; RMT's 8 memory tokens carry what it writes from segment to segment, trained by window
 BPTT over the whole sample (bptt_depth = segments - 1), as the paper trains these tasks.
+
+A finished run is kept: re-running the command continues an interrupted experiment (Ctrl-C or SIGTERM stops it and
+every command it started, in one line).
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, load, machine, memlm,  # noqa: E402
-                                    read_json, run_queue, save_figure, shown, write_json)
+from bench.reproduce.children import CHILDREN  # noqa: E402
+from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
+                                    machine, memlm, read_json, run_experiment, run_queue, save_figure, shown,
+                                    supervise, write_json)
+from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "repro_tasks_small.yaml"
 N = 8
@@ -63,7 +69,8 @@ def prepare(task: str, length: int, work: Path, docs: str) -> Path:
     data = work / "data" / f"{task}-L{length}"
     if not (data / "manifest.json").is_file():
         memlm(["prepare", "--corpus", "task", "--task", task, "--task-length", str(length), "--task-docs", docs,
-               "--out", str(data), "--seed", "0", "--overwrite", "--workers", "1"], work / "logs" / "prepare.log")
+               "--out", str(data), "--seed", "0", "--overwrite", "--workers", "1"], work / "logs" / "prepare.log",
+              name=data.name)
     return data
 
 
@@ -77,6 +84,7 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
     run_dir, log = work / "runs" / name, work / "logs" / f"{name}.log"
     row_path = run_dir / "reproduce_row.json"
     if row_path.is_file():
+        RUNS.skip(name)
         return read_json(row_path)
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -88,6 +96,8 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
     overrides = spec["overrides"] + keys + extra + [
         f"train.steps={spec['steps']}", f"data.path={data}", f"tracking.uri={uri}",
         f"tracking.experiment=memlm-reproduce-tasks-{profile}", f"tracking.run_name={name}"]
+    RUNS.start(name, f"L {length}, {spans} segments: train {spec['steps']:,} steps"
+               + (f" from {init_from.name}'s weights" if init_from else "") + ", then eval test")
     start = time.perf_counter()
     resume = []
     if init_from is not None:  # weights only: the optimizer, schedule and data position start over
@@ -96,10 +106,11 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
         shutil.copytree(source / (source / "latest").read_text().strip(), run_dir / "checkpoints" / "init")
         (run_dir / "checkpoints" / "latest").write_text("init")
         resume = ["--resume", "--reshard"]
-    memlm(["train", str(PRESET), *overrides, "--out", str(run_dir), *resume], log)
+    memlm(["train", str(PRESET), *overrides, "--out", str(run_dir), *resume], log, name=name, run_dir=run_dir,
+          steps=spec["steps"])
     train_s = time.perf_counter() - start
     path = run_dir / "eval" / "test.json"
-    memlm(["eval", str(run_dir), "--split", "test", "--json", str(path)], log)
+    memlm(["eval", str(run_dir), "--split", "test", "--json", str(path)], log, name=name)
     result = read_json(path)
     if "accuracy" not in result or not math.isfinite(result["nll"]):
         raise ExperimentError(f"{name}: the test evaluation gave no accuracy or a non-finite NLL ({path})")
@@ -109,8 +120,8 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
            "documents": result["documents"], "steps": spec["steps"], "train_seconds": round(train_s, 1),
            "run_dir": shown(run_dir), "load_after": load()}
     write_json(row_path, row)
-    print(f"[{time.strftime('%H:%M:%S')}] {name} (L {length}, {spans} segments): accuracy {row['accuracy']:.3f}, "
-          f"answer nll {row['answer_nll']:.3f}, {train_s / 60:.1f} min (load {load()[0]})", flush=True)
+    RUNS.finish(name, f"accuracy {row['accuracy']:.3f}, answer nll {row['answer_nll']:.3f}, {train_s / 60:.1f} min, "
+                f"load {load()[0]}")
     return row
 
 
@@ -122,7 +133,8 @@ def curriculum(task: str, *, profile: str, work: Path, uri: str, plain_queued: b
     previous = work / "runs" / f"{task}-S{CURRICULUM_FROM}-rmt"
     if plain_queued:
         while not (previous / "reproduce_row.json").is_file():
-            time.sleep(5)
+            CHILDREN.check()
+            time.sleep(1)
     else:
         one_run(task, CURRICULUM_FROM, "rmt", profile=profile, work=work, uri=uri)
     row = {}
@@ -163,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="copy,reverse")
     parser.add_argument("--archs", default=",".join(ARCHS), help="subset of: " + ", ".join(ARCHS))
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_tasks_PROFILE.json)")
+    add_stop_options(parser)
     args = parser.parse_args(argv)
+    supervise(args)
     work = (args.work or ROOT / "runs" / "reproduce" / f"tasks-{args.profile}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{work / 'mlflow.db'}"
@@ -174,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown task or arch: {', '.join(bad)}")
     jobs = [partial(one_run, task, s, arch, profile=args.profile, work=work, uri=uri)
             for s in spec["segments"] for task in tasks for arch in archs if arch != "rmt_cur"]
+    chain = [s for s in spec["segments"] if s > CURRICULUM_FROM] + ([] if "rmt" in archs else [CURRICULUM_FROM])
+    RUNS.plan(len(jobs) + (len(tasks) * len(chain) if "rmt_cur" in archs else 0))
     if "rmt_cur" in archs:  # one chain per task, after the plain runs it starts from
         jobs += [partial(curriculum, task, profile=args.profile, work=work, uri=uri, plain_queued="rmt" in archs)
                  for task in tasks]
@@ -208,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_experiment(main))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, load, machine, memlm,  # noqa: E402
-                                    read_json, shown, write_json)
+from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
+                                    machine, memlm, read_json, run_experiment, shown, supervise, write_json)
 
 MULTS = {"cpu": "1-10", "cpu_long": "1,4,10", "gpu": "1-10", "smoke": "1,2"}
 ARCHS = ("txl", "lamemo")
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="which seed's runs (default 1)")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray (default 2)")
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_extrapolate_PROFILE.json)")
+    add_stop_options(parser)
     args = parser.parse_args(argv)
+    supervise(args)
     work = (args.work or ROOT / "runs" / "reproduce" / f"wt2-{args.profile}").resolve()
     runs = [work / "runs" / f"{arch}-s{args.seed}" for arch in ARCHS]
     missing = [str(r) for r in runs if not (r / "checkpoints" / "latest").is_file()]
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                          if args.profile != "smoke" else "8", "--split", "test", "--out", str(out_dir),
                          "--num-cpus", str(args.num_cpus), "--uri", f"sqlite:///{work / 'mlflow.db'}",
                          "--experiment", f"memlm-reproduce-extrapolate-{args.profile}"],
-                        work / "logs" / "extrapolate.log", threads=1)
+                        work / "logs" / "extrapolate.log", threads=1, name="extrapolation")
     except ExperimentError as err:
         print(f"extrapolate: error: {err}", file=sys.stderr)
         return 1
@@ -85,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_experiment(main, again="rerun the same command to extrapolate again"))

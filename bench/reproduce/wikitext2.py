@@ -16,8 +16,10 @@ Each run is `memlm train` then `memlm eval --split valid/test` (whole splits, pe
 process with one thread, `--jobs` at a time; every run is logged to MLflow (experiment
 memlm-reproduce-wt2-PROFILE), so `memlm compare --experiment memlm-reproduce-wt2-cpu` renders the same table.
 A finished run (its eval JSONs exist) is not trained again: re-running the command continues an interrupted
-reproduction. The JSON holds every run and the table (mean and half-range over seeds); the figure shows test
-perplexity per variant with each seed.
+reproduction (Ctrl-C or SIGTERM stops it and every command it started, in one line; a line says when each run
+starts and finishes, and every --progress-every seconds where each training is, with its ETA). The JSON holds
+every run and the table (mean and half-range over seeds); the figure shows test perplexity per variant with each
+seed.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError, last_metrics,  # noqa: E402
-                                    load, machine, mean_spread, median, memlm, read_json, run_queue, save_figure, shown,
-                                    write_json)
+from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError,  # noqa: E402
+                                    add_stop_options, last_metrics, load, machine, mean_spread, median, memlm,
+                                    read_json, run_experiment, run_queue, save_figure, shown, supervise, write_json)
+from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "repro_wt2_small.yaml"
 # name -> (label, overrides on top of the preset)
@@ -90,7 +93,7 @@ def prepare_data(work: Path, profile: str) -> Path:
     data = work / "data"
     if not (data / "manifest.json").is_file():
         memlm(["prepare", "--corpus", "wikitext", "--input", str(source), "--out", str(data), "--tokenizer", "word",
-               "--workers", "1", "--overwrite"], work / "logs" / "prepare.log")
+               "--workers", "1", "--overwrite"], work / "logs" / "prepare.log", name="data")
     return data
 
 
@@ -100,6 +103,7 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
     run_dir, log = work / "runs" / name, work / "logs" / f"{name}.log"
     row_path = run_dir / "reproduce_row.json"
     if row_path.is_file():
+        RUNS.skip(name)
         return read_json(row_path)
     label, keys = VARIANTS[variant]
     spec = PROFILES[profile]
@@ -113,19 +117,21 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
         f"tracking.uri={uri}", f"tracking.experiment={experiment}", f"tracking.run_name={name}"]
     load_before = load()
     # A training that finished while its evaluations did not (the experiment was stopped): evaluate it only.
-    train_s = None if trained else memlm(["train", str(PRESET), *overrides, "--out", str(run_dir)], log)
+    RUNS.start(name, ("trained earlier: " if trained else f"train {spec['steps']:,} steps, then ")
+               + "eval valid and test")
+    train_s = None if trained else memlm(["train", str(PRESET), *overrides, "--out", str(run_dir)], log, name=name,
+                                         run_dir=run_dir, steps=spec["steps"])
     evals, eval_s = {}, {}
     for split in ("valid", "test"):
         path = run_dir / "eval" / f"{split}.json"
-        eval_s[split] = memlm(["eval", str(run_dir), "--split", split, "--json", str(path)], log)
+        eval_s[split] = memlm(["eval", str(run_dir), "--split", split, "--json", str(path)], log, name=name)
         evals[split] = read_json(path)
     row = summarize_run(variant, label, seed, run_dir, evals)
     row.update(train_seconds=None if train_s is None else round(train_s, 1), eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
                load_before=load_before, load_after=load())
     write_json(row_path, row)
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: test ppl {row['test_ppl']:.2f}, valid ppl {row['valid_ppl']:.2f}, "
-          f"{row['tokens_per_s']:.0f} tokens/s, " + (f"{train_s / 60:.1f} min" if train_s else "evaluated only") +
-          f" (load {load()[0]})", flush=True)
+    RUNS.finish(name, f"test ppl {row['test_ppl']:.2f}, valid ppl {row['valid_ppl']:.2f}, {row['tokens_per_s']:.0f} "
+                f"tokens/s, " + (f"{train_s / 60:.1f} min" if train_s else "evaluated only") + f", load {load()[0]}")
     return row
 
 
@@ -214,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", help="comma-separated seeds (default: the profile's)")
     parser.add_argument("--uri", help="MLflow tracking URI (default sqlite:///WORK/mlflow.db)")
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_wt2_PROFILE.json)")
+    add_stop_options(parser)
     args = parser.parse_args(argv)
+    supervise(args)
     work = (args.work or ROOT / "runs" / "reproduce" / f"wt2-{args.profile}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     uri = args.uri or f"sqlite:///{work / 'mlflow.db'}"
@@ -228,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         data = prepare_data(work, args.profile)
         jobs = [partial(one_run, v, s, profile=args.profile, data=data, work=work, uri=uri, experiment=experiment)
                 for group in QUEUE_ORDER for s in seeds for v in group if v in variants]
+        RUNS.plan(len(jobs))
         started, load_start = time.time(), load()
         run_queue(jobs, args.jobs)
     except ExperimentError as err:
@@ -254,4 +263,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_experiment(main))
