@@ -22,6 +22,7 @@ Only this package imports ray, and only inside functions (DESIGN §1).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,10 @@ def main(args: argparse.Namespace) -> int:
 
     quiet_console_env()  # before anything imports ray
     _check_flags(args)
+    if not args.address:  # what the local Ray will have is known before it starts
+        from .ray_runtime import local_resources
+
+        _refuse_unless_tasks_fit(args, local_resources(args.num_cpus), "the local Ray would have")
     mults = parse_mult(args.mult)
     if args.tgt_len is None:  # the runs' own N: a model trained at N = 8 is extrapolated at N = 8
         args.tgt_len = trained_tgt_len(args.run_dirs)
@@ -81,15 +86,11 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
     seconds: dict[tuple[str, int], float] = {}
     failures: list[str] = []
     with ray_session(args.address, args.num_cpus):
-        cpus = ray.cluster_resources().get("CPU", 0.0)
-        if cpus < args.cpus_per_task:
-            # Ray would queue such a task forever (infeasible); say so instead of hanging.
-            raise ClusterError(f"--cpus-per-task {args.cpus_per_task:g} exceeds the {cpus:g} CPUs of the Ray "
-                               "cluster; lower it or give Ray more CPUs (--num-cpus)")
+        if args.address:  # a cluster's resources are known once connected
+            from .ray_runtime import connected_resources
+
+            _refuse_unless_tasks_fit(args, connected_resources(), f"the Ray cluster at {args.address} has")
         task = ray.remote(evaluate_task)
-        if args.gpus_per_task > ray.cluster_resources().get("GPU", 0.0):
-            raise ClusterError(f"--gpus-per-task {args.gpus_per_task:g} exceeds the "
-                               f"{ray.cluster_resources().get('GPU', 0.0):g} GPUs of the Ray cluster")
         # Ray sets CUDA_VISIBLE_DEVICES per task (empty without GPUs), so evaluation picks CUDA exactly when the
         # task was given a GPU.
         options = {"num_cpus": args.cpus_per_task, "num_gpus": args.gpus_per_task, "max_retries": args.max_retries,
@@ -158,6 +159,27 @@ def finish(args, runs, mults, out: Path, results, seconds, failures, client, exp
               "evaluates only the missing ones", file=sys.stderr)
         return 1
     return 0
+
+
+def _refuse_unless_tasks_fit(args: argparse.Namespace, available: dict[str, float], where: str) -> None:
+    """Ray would queue a task that no node can hold forever: one line instead, naming the flags to change."""
+    from .ray_runtime import amount, missing
+
+    asked = {"CPU": args.cpus_per_task, "GPU": args.gpus_per_task}
+    short = missing(asked, available)
+    if not short:
+        return
+    fixes = []
+    if "CPU" in short:
+        fixes.append(f"--cpus-per-task {math.floor(available['CPU'] * 100) / 100:g}" if available["CPU"] >= 0.01
+                     else "a cluster with CPUs")
+        if not args.address:
+            fixes[-1] += f" (or --num-cpus {math.ceil(args.cpus_per_task)}: Ray then shares the cores)"
+    if "GPU" in short:
+        fixes.append(f"--gpus-per-task {available['GPU']:g}")
+    raise ClusterError(f"each evaluation asks for {amount(asked, nonzero=True)} (--cpus-per-task "
+                       f"{args.cpus_per_task:g}, --gpus-per-task {args.gpus_per_task:g}) but {where} "
+                       f"{amount(available)}, so none could ever start; use {' and '.join(fixes)}")
 
 
 def _keep(job: Job, result: dict[str, Any]) -> dict[str, Any]:

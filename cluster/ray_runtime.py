@@ -6,23 +6,31 @@
 
 Only `cluster` imports ray (DESIGN §1), and only inside functions, so `memlm --help` and training never need it.
 
-Why each setting (DESIGN §9): Ray probes the cloud-metadata address and discovers its node IP with a UDP connect
-to a public address unless it is told the node IP; a local cluster therefore binds to 127.0.0.1 with the
-dashboard off. Usage stats and MLflow telemetry are switched off for the driver and, through the runtime
-environment, for every worker. Ray 2.60 turns token authentication on by default, which a single-user local
-cluster does not need; an existing cluster keeps whatever its operator chose.
+Why each setting (DESIGN §9): every server a Ray node runs (GCS, raylet and object manager, each worker's and the
+driver's gRPC server, the dashboard and runtime-env agents, the metrics exporters) binds to 127.0.0.1 only when
+the node's IP is a loopback address, and to every interface otherwise. `ray.init(_node_ip_address="127.0.0.1")`
+alone does not give that on Linux: Ray replaces a loopback node IP by the address it discovers with a UDP connect
+towards a public address, unless its local-only mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the default on macOS
+and Windows) is on while it starts. A local Ray is started in that mode, with the dashboard off, and is refused
+if it still came up on another address. Usage stats and MLflow telemetry are switched off for the driver and,
+through the runtime environment, for every worker. Ray 2.60 turns token authentication on by default, which a
+single-user local cluster does not need; an existing cluster keeps whatever its operator chose.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 import sys
 from collections.abc import Iterator
 
 from .errors import ClusterError
 
 LOCAL_HOST = "127.0.0.1"
+# Ray's switch for its local-only mode (read by ray._private.ray_constants).
+LOCAL_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 # Launcher variables (torchrun, the deepspeed launcher, and trainer.distributed for a plain training process).
 # A Ray worker that inherits them from its driver would host or join a process group that is not its own: every
@@ -53,7 +61,7 @@ def worker_env() -> dict[str, str]:
     """Environment variables every Ray worker gets: telemetry off, and the driver's MLflow/DeepSpeed settings."""
     env = {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
     for key in ("MLFLOW_TRACKING_URI", "DEEPSPEED_TIMEOUT", "TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS",
-                "DS_ACCELERATOR", "PYTHONPATH"):
+                "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "DS_ACCELERATOR", "PYTHONPATH"):
         if key in os.environ:
             env[key] = os.environ[key]
     return env
@@ -85,12 +93,74 @@ def start(address: str | None = None, num_cpus: int | None = None, num_gpus: int
     # The local Ray's processes copy this process's environment when they start: leave the launcher variables
     # out of it (a driver that trained in process has RANK=0, WORLD_SIZE=1, MASTER_PORT=... set).
     saved = {key: os.environ.pop(key) for key in LAUNCH_VARS if key in os.environ}
+    # Every rank of a local Ray is on this machine: gloo's and NCCL's sockets stay on loopback too.
+    runtime_env["env_vars"].update({k: v for k, v in loopback_comm_env().items() if k not in os.environ})
     try:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOCAL_HOST,
-                 runtime_env=runtime_env, log_to_driver=True, configure_logging=True, logging_level="WARNING")
+        with _local_only_mode():
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOCAL_HOST,
+                     runtime_env=runtime_env, log_to_driver=True, configure_logging=True, logging_level="WARNING")
     finally:
         os.environ.update(saved)
+    node_ip = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node_ip).is_loopback:
+        ray.shutdown()
+        raise ClusterError(f"the local Ray came up on {node_ip}, not on {LOCAL_HOST} (this Ray version ignores its "
+                           "local-only mode), so its servers would listen beyond this machine; it was stopped. Use a "
+                           "Ray cluster you secured yourself with --address")
     return True
+
+
+@contextlib.contextmanager
+def _local_only_mode() -> Iterator[None]:
+    """Ray's local-only mode while a local Ray starts: its node IP stays 127.0.0.1 (see the module docstring).
+
+    The environment variable reaches the Ray processes started here; the constant is what this process reads,
+    computed when ray was first imported (possibly before this call). Both are restored afterwards, so a later
+    ray.init(address=...) in the same process discovers its real address as usual."""
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(LOCAL_ONLY_VAR)
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY_VAR, None)
+        else:
+            os.environ[LOCAL_ONLY_VAR] = saved_env
+
+
+def local_resources(num_cpus: int | None = None, num_gpus: int | None = None) -> dict[str, float]:
+    """The CPUs and GPUs a local Ray started by start(None, num_cpus, num_gpus) would have, known before it
+    starts: Ray's own resolution (CPUs from the affinity mask and a cgroup quota, GPUs as CUDA_VISIBLE_DEVICES
+    lets it see them, RAY_OVERRIDE_RESOURCES)."""
+    from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+
+    spec = ResourceAndLabelSpec(num_cpus=num_cpus, num_gpus=num_gpus).resolve(is_head=True,
+                                                                              node_ip_address=LOCAL_HOST)
+    return {"CPU": float(spec.num_cpus or 0), "GPU": float(spec.num_gpus or 0)}
+
+
+def connected_resources() -> dict[str, float]:
+    """The CPUs and GPUs of the Ray cluster this process is connected to, all nodes together."""
+    import ray
+
+    total = ray.cluster_resources()
+    return {"CPU": float(total.get("CPU", 0)), "GPU": float(total.get("GPU", 0))}
+
+
+def missing(asked: dict[str, float], available: dict[str, float]) -> list[str]:
+    """The resources of `asked` that `available` cannot give (Ray would queue such a request forever)."""
+    return [key for key, value in asked.items() if value > available.get(key, 0.0) + 1e-9]
+
+
+def amount(resources: dict[str, float], nonzero: bool = False) -> str:
+    """{"CPU": 4, "GPU": 1} -> "4 CPUs and 1 GPU" (nonzero: leave out what is 0, as in a request)."""
+    shown = {key: value for key, value in resources.items() if value or not nonzero}
+    return " and ".join(f"{value:g} {key}{'' if value == 1 else 's'}" for key, value in shown.items())
 
 
 def clear_launch_env() -> None:
@@ -98,6 +168,43 @@ def clear_launch_env() -> None:
     existing cluster the workers' environment comes from whoever started its nodes)."""
     for key in LAUNCH_VARS:
         os.environ.pop(key, None)
+
+
+def loopback_comm_env() -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming the loopback interface: without them gloo listens on the
+    address the host name resolves to and NCCL on the first non-loopback interface. {} when none is found."""
+    import psutil  # a DeepSpeed and Ray dependency
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and ipaddress.ip_address(a.address).is_loopback for a in addresses):
+            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    return {}
+
+
+_rendezvous: dict[str, object] = {}  # this process's loopback socket and torch store (kept open for its life)
+
+
+def single_process_env() -> None:
+    """Make this Ray worker a fresh single training process whose torch rendezvous listens on 127.0.0.1 only.
+
+    torch's TCPStore binds every interface whatever MASTER_ADDR says; a store created with multi_tenant=True
+    on a socket we bound to 127.0.0.1 is the one the process group then uses (torch reuses a multi-tenant
+    store's server for the same host and port in a process). A single process has no peer elsewhere, so
+    gloo and NCCL are kept on loopback too. Launcher variables inherited from a driver are replaced."""
+    clear_launch_env()
+    if not _rendezvous:
+        from torch.distributed import TCPStore
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((LOCAL_HOST, 0))
+        sock.listen()
+        _rendezvous["socket"] = sock
+        _rendezvous["store"] = TCPStore(LOCAL_HOST, sock.getsockname()[1], 1, True, wait_for_workers=False,
+                                        multi_tenant=True, master_listen_fd=sock.fileno())
+    port = _rendezvous["socket"].getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(port))
+    for key, value in loopback_comm_env().items():
+        os.environ.setdefault(key, value)
 
 
 @contextlib.contextmanager

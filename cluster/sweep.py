@@ -27,7 +27,7 @@ from typing import Any
 
 from .errors import ClusterError
 from .sweep_config import Sweep, load_sweep
-from .sweep_trial import TRIALS_DIR, trial_fn
+from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn
 from .sweep_tracking import ParentRun, markdown_table, trials_csv
 
 TUNE_DIR = "tune"  # Tune's experiment folder inside SWEEP_DIR
@@ -35,13 +35,20 @@ SIGNATURE_FILE = "sweep.json"
 EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C: rerun the command to resume
 TRIAL_DRIVER_CPUS = 0.01  # a Tune trial that runs Ray Train workers (resources.workers > 1)
 STOPPED = "STOPPED"  # our status for a trial the scheduler (ASHA) ended early
+INTERRUPTED = "INTERRUPTED"  # our status for a trial under way when the sweep was interrupted
+ENDED = ("TERMINATED", STOPPED)  # trials that may be the best
 
 
 def main(args: argparse.Namespace) -> int:
-    from .ray_runtime import quiet_console_env
+    from .ray_runtime import local_resources, quiet_console_env
 
     quiet_console_env()  # before anything imports ray
     sweep = load_sweep(args.sweep, args.overrides, args.num_samples)
+    if args.address and args.num_cpus is not None:
+        raise ClusterError("--num-cpus sizes a local Ray; an existing cluster (--address) has its own CPUs: "
+                           "give one of the two")
+    if not args.address:  # what the local Ray will have is known before it starts
+        _refuse_unless_trials_fit(sweep, local_resources(args.num_cpus), "the local Ray would have", args)
     sweep_dir = Path(args.out or Path("sweeps") / sweep.name).resolve()
     experiment, uri = _pin_paths(sweep)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -51,22 +58,88 @@ def main(args: argparse.Namespace) -> int:
 
     import mlflow  # noqa: F401 - imported first: it sets up its loggers, which route_library_loggers then adjusts
 
-    from trainer.quiet import route_library_loggers
-
-    route_library_loggers(sweep_dir)  # MLflow's database INFO lines to SWEEP_DIR/library.log, not the console
-    parent = ParentRun(experiment, uri, sweep_dir)
-    parent_id = parent.open(sweep.name, _parent_params(sweep))
+    _route_library_logs(sweep_dir)
     print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {sweep.base_path.name} in {sweep_dir}", flush=True)
-    print(f"memlm sweep: MLflow experiment '{experiment}', parent run {parent_id} ({uri})", flush=True)
+    parent: ParentRun | None = None
     try:
-        from .ray_runtime import ray_session
+        from .ray_runtime import connected_resources, ray_session
 
         with ray_session(address=args.address, num_cpus=args.num_cpus):
+            if args.address:  # a cluster's resources are known once connected; Tune has not started yet
+                _refuse_unless_trials_fit(sweep, connected_resources(), f"the Ray cluster at {args.address} has",
+                                          args)
+            parent = ParentRun(experiment, uri, sweep_dir)
+            parent_id = parent.open(sweep.name, _parent_params(sweep))
+            print(f"memlm sweep: MLflow experiment '{experiment}', parent run {parent_id} ({uri})", flush=True)
             trials = _run_tune(sweep, sweep_dir, parent_id, uri, resuming)
     except BaseException as exc:
-        parent.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", [], None, sweep.file.metric)
+        if parent is not None and parent.run_id:
+            parent.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", [], None, sweep.file.metric)
         raise
     return _report(sweep, sweep_dir, trials, parent)
+
+
+def trial_request(sweep: Sweep) -> dict[str, float]:
+    """What one trial holds while it runs: its process, or with workers > 1 its Train workers and the waiting
+    trial process (Tune starts a trial only when all of it fits at once)."""
+    r = sweep.file.resources
+    if r.workers > 1:
+        return {"CPU": r.workers * r.cpus + TRIAL_DRIVER_CPUS, "GPU": r.workers * r.gpus}
+    return {"CPU": r.cpus, "GPU": r.gpus}
+
+
+def _refuse_unless_trials_fit(sweep: Sweep, available: dict[str, float], where: str,
+                              args: argparse.Namespace) -> None:
+    """Ray queues a request no node can fulfil forever (Tune repeats "No available node types can fulfill
+    resource request"): refuse such a sweep in one line instead, with the fix."""
+    from .ray_runtime import amount, missing
+
+    asked = trial_request(sweep)
+    short = missing(asked, available)
+    if not short:
+        return
+    r = sweep.file.resources
+    fixes = []  # one per missing resource: all of them are needed
+    if "GPU" in short:
+        fixes.append("resources.gpus=0 (train on CPUs)" if not available["GPU"] else
+                     f"resources.gpus={available['GPU'] / r.workers:g}")
+    if "CPU" in short:
+        fits = max(available["CPU"] - (TRIAL_DRIVER_CPUS if r.workers > 1 else 0), 0) / r.workers
+        fix = f"resources.cpus={math.floor(fits * 100) / 100:g}" if fits >= 0.01 else "fewer resources.workers"
+        if not args.address:
+            fix += f" (or --num-cpus {math.ceil(asked['CPU'])}: Ray then shares the cores)"
+        fixes.append(fix)
+    workers = f" x {r.workers} workers" if r.workers > 1 else ""
+    raise ClusterError(f"{sweep.path.name}: each trial asks for {amount(asked, nonzero=True)} (resources: cpus {r.cpus:g}, "
+                       f"gpus {r.gpus:g}{workers}) but {where} {amount(available)}, so no trial could ever start; "
+                       f"add {' and '.join(fixes)} to the command line")
+
+
+# Tune's loggers whose console lines memlm says in its own words: the Ctrl-C notice with its
+# "Tuner.restore(...)" hint (memlm says "rerun the same command to resume"), and the FileNotFoundError warning
+# for every trial that never ran when the trials are read back (the table shows them).
+TUNE_LOGGERS = ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")
+
+
+def _route_library_logs(sweep_dir: Path) -> None:
+    """MLflow's database INFO lines and the Tune lines above into SWEEP_DIR/library.log. The Tune loggers stop
+    passing records on to Ray's console handler; errors still reach the console through their own handler."""
+    import logging
+
+    from trainer.quiet import LIBRARY_LOGGERS, route_library_loggers
+
+    for name in TUNE_LOGGERS:  # a previous sweep of this process (tests) wrote to its own folder
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
+            logger.removeHandler(handler)
+    route_library_loggers(sweep_dir, names=LIBRARY_LOGGERS + TUNE_LOGGERS)
+    for name in TUNE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        if not any(type(h) is logging.StreamHandler for h in logger.handlers):
+            console = logging.StreamHandler(sys.stderr)
+            console.setLevel(logging.ERROR)
+            logger.addHandler(console)
 
 
 def _pin_paths(sweep: Sweep) -> tuple[str, str]:
@@ -80,7 +153,9 @@ def _pin_paths(sweep: Sweep) -> tuple[str, str]:
         load_manifest("")  # unset: one line naming data.path, not a failure in every trial
     pinned["data.path"] = str(Path(cfg.data.path).resolve())
     load_manifest(pinned["data.path"])  # a wrong data path fails here (one line), not in every trial
-    experiment = sweep.file.experiment or cfg.tracking.experiment
+    # A sweep's runs in an experiment of their own (trials beside training runs made both hard to read), unless
+    # the sweep file or an override names one.
+    experiment = sweep.file.experiment or sweep.fixed.get("tracking.experiment") or f"sweep-{sweep.name}"
     uri = TrackingConfig(uri=sweep.file.tracking_uri or cfg.tracking.uri).resolved_uri()
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative to this folder
         uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
@@ -120,11 +195,14 @@ def _parent_params(sweep: Sweep) -> dict[str, Any]:
     return params
 
 
+def planned_trials(sweep: Sweep) -> int:
+    """How many trials Tune makes: the whole grid once per sample."""
+    return sweep.file.num_samples * math.prod(len(d.values) for d in sweep.space if d.kind == "grid")
+
+
 def _describe_trials(sweep: Sweep) -> str:
     grid = [len(d.values) for d in sweep.space if d.kind == "grid"]
-    count = sweep.file.num_samples
-    for n in grid:
-        count *= n
+    count = planned_trials(sweep)
     if grid:
         return f"{count} trials (grid {'x'.join(map(str, grid))} x {sweep.file.num_samples} sample(s))"
     return f"{count} trials"
@@ -168,14 +246,18 @@ def _run_tune(sweep: Sweep, sweep_dir: Path, parent_id: str, uri: str, resuming:
                 trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(
                 name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0,
-                callbacks=[Progress(f.metric, sweep.trial_config(
-                    {d.key: d.candidates()[0] for d in sweep.space}).train.steps)],
+                callbacks=[Progress(f.metric, _planned_steps(sweep), scheduled=f.scheduler.type != "none")],
                 failure_config=tune.FailureConfig(max_failures=f.max_failures)),
         )
     tuner.fit()
     # The trials as saved on disk, not as fit() returns them: after Ctrl-C, Tune marks the stopped trials
     # TERMINATED in memory but saves them as PENDING/RUNNING, which is what a resumed sweep will see.
     return list(tune.ExperimentAnalysis(str(path)).trials)
+
+
+def _planned_steps(sweep: Sweep, config: dict | None = None) -> int:
+    """train.steps of a trial (of the first point of the space when no trial config is given)."""
+    return sweep.trial_config(config or {d.key: d.candidates()[0] for d in sweep.space}).train.steps
 
 
 def trial_dirname(trial) -> str:
@@ -202,7 +284,7 @@ def _scheduler(sweep: Sweep):
         return None
     from ray.tune.schedulers import ASHAScheduler
 
-    steps = sweep.trial_config({d.key: d.candidates()[0] for d in sweep.space}).train.steps
+    steps = _planned_steps(sweep)
     # time_attr "step": the trainer's own step survives a retry (Tune's training_iteration restarts at 1).
     return ASHAScheduler(time_attr="step", max_t=s.max_t or steps, grace_period=s.grace_period,
                          reduction_factor=s.reduction_factor)
@@ -220,17 +302,15 @@ def best_row(rows: list[dict], metric: str, mode: str) -> dict | None:
 
 def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> int:
     metric, keys = sweep.file.metric, [d.key for d in sweep.space]
-    rows = [_trial_row(t, sweep_dir, metric, keys) for t in sorted(trials, key=lambda t: t.trial_id)]
-    for row, trial in zip(rows, sorted(trials, key=lambda t: t.trial_id)):
-        # Tune calls a trial the scheduler stopped TERMINATED, like a finished one; its step tells them apart.
-        planned = sweep.trial_config(trial.config).train.steps
-        if row["status"] == "TERMINATED" and isinstance(row["step"], int) and row["step"] < planned:
-            row["status"] = STOPPED
+    rows = [_trial_row(t, sweep, sweep_dir) for t in sorted(trials, key=lambda t: t.trial_id)]
     parent.settle_children(rows)
     columns = ["trial_id", "status", *keys, "step", metric, "failures", "mlflow_run_id", "run_dir"]
     (sweep_dir / "trials.csv").write_text(trials_csv(rows, columns))
-    best = best_row(rows, metric, sweep.file.mode)
-    unfinished = [r for r in rows if r["status"] not in ("TERMINATED", "ERROR", STOPPED)]
+    # Only a trial that ended (ran its steps, or was stopped by the scheduler) can be the best: an interrupted
+    # one's metric is from the middle of its run.
+    best = best_row([r for r in rows if r["status"] in ENDED], metric, sweep.file.mode)
+    ended = sum(r["status"] in ENDED + ("ERROR",) for r in rows)
+    unfinished = planned_trials(sweep) - ended  # Tune makes a grid's trials as it goes: some may not exist yet
     errored = [r for r in rows if r["status"] == "ERROR"]
     print(markdown_table(rows, columns[:-2]), flush=True)
     if best is not None:
@@ -240,10 +320,10 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> i
         print(f"best: trial {best['trial_id']} {metric}={best[metric]:.4g} at step {best['step']} ({values}); "
               f"run folder {best['run_dir']}", flush=True)
     artifacts = [sweep_dir / "sweep.yaml", sweep_dir / "trials.csv", sweep_dir / "best.json"]
-    if unfinished:
+    if unfinished > 0:
         parent.finish("KILLED", artifacts, best, metric)
-        print(f"memlm sweep: interrupted with {len(unfinished)} of {len(rows)} trials unfinished; rerun the same "
-              "command to resume", flush=True)
+        print(f"memlm sweep: interrupted with {unfinished} of {planned_trials(sweep)} trials unfinished; rerun the "
+              "same command to resume", flush=True)
         return EXIT_INTERRUPTED
     parent.finish("FINISHED" if best is not None else "FAILED", artifacts, best, metric)
     if errored:
@@ -255,32 +335,38 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> i
     return 0
 
 
-def _trial_row(trial, sweep_dir: Path, metric: str, keys: list[str]) -> dict:
+def _trial_row(trial, sweep: Sweep, sweep_dir: Path) -> dict:
+    """One trial as its own run folder records it: step and metric from the folder (Tune's saved last_result
+    can lag behind it, or be missing for a trial that a restored sweep found already trained), status from Tune's
+    state and the folder together (trial_status)."""
+    metric = sweep.file.metric
     run_dir = sweep_dir / TRIALS_DIR / trial.trial_id
-    # The trial's own run folder is the record; Tune's saved last_result can lag behind it (a trial resumed by a
-    # restored sweep keeps the result it had at the interruption).
     last = run_folder_result(run_dir, metric) or trial.last_result or {}
     id_file = run_dir / "mlflow_run_id"
-    row = {"trial_id": trial.trial_id, "status": trial.status, "step": last.get("step"),
-           metric: last.get(metric), "failures": trial.run_metadata.num_failures,
+    row = {"trial_id": trial.trial_id, "step": last.get("step"), metric: last.get(metric),
+           "failures": trial.run_metadata.num_failures,
            "mlflow_run_id": id_file.read_text().strip() if id_file.is_file() else "", "run_dir": str(run_dir)}
-    row.update({k: trial.config.get(k) for k in keys})
+    row["status"] = trial_status(trial.status, row["step"], _planned_steps(sweep, trial.config),
+                                 sweep.file.scheduler.type != "none", run_dir)
+    row.update({d.key: trial.config.get(d.key) for d in sweep.space})
     return row
 
 
-def run_folder_result(run_dir: Path, metric: str) -> dict:
-    """{"step", metric} as the trial's run folder records it: a valid_* metric from the newest validation JSON
-    (eval/step{N}.json, N its step), any other from the last metrics.jsonl row; {} when there is none yet."""
-    if metric.startswith("valid_"):
-        evals = sorted(run_dir.glob("eval/step*.json"), key=lambda p: int(p.stem.removeprefix("step")))
-        if not evals:
-            return {}
-        result = json.loads(evals[-1].read_text())
-        key = metric.removeprefix("valid_")
-        return {"step": int(evals[-1].stem.removeprefix("step")), metric: result.get(key)}
-    metrics = run_dir / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    if not lines:
-        return {}
-    row = json.loads(lines[-1])
-    return {"step": row.get("step"), metric: row.get(metric)}
+def trial_status(tune_status: str, step: int | None, planned: int, scheduled: bool, run_dir: Path) -> str:
+    """What happened to a trial, in the table's words.
+
+    TERMINATED: trained all its steps; STOPPED: ended early by the scheduler (Tune calls both TERMINATED);
+    ERROR: failed after its retries; INTERRUPTED: under way when the sweep was stopped, a rerun continues it from
+    its checkpoint; PENDING: nothing to continue from yet. Tune saves every trial that was running at Ctrl-C as
+    PENDING, also one that had just trained its last step: the run folder's checkpoints tell them apart."""
+    if tune_status == "TERMINATED":
+        early = scheduled and isinstance(step, int) and step < planned
+        return STOPPED if early else "TERMINATED"
+    if tune_status == "ERROR":
+        return "ERROR"
+    from trainer import checkpoint
+
+    tag = checkpoint.latest_tag(run_dir / "checkpoints")
+    if tag is None:
+        return "PENDING"
+    return "TERMINATED" if tag == checkpoint.tag_for(planned) else INTERRUPTED

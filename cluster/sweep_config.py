@@ -12,7 +12,9 @@ checks that make a typo fail in a second, before Ray starts.
     scheduler: {type: asha, grace_period: 10}
     resources: {cpus: 1, gpus: 0, workers: 1}
 
-Nothing here imports Ray: the file is checked (and every trial's run config built) before Ray is started.
+On the command line, dotted overrides of sweep-file keys (`resources.gpus=0`, `max_concurrent=1`) change this
+file's settings; the others are run-config keys applied to every trial. Nothing here imports Ray: the file is
+checked (and every trial's run config built) before Ray is started.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class SweepFile:
     max_failures: int = 2  # retries of a failed trial, each from that trial's last checkpoint
     max_concurrent: int = 0  # 0: as many trials at once as the cluster's resources allow
     seed: int = 0  # random draws of the search space
-    experiment: str = ""  # MLflow experiment; empty: the base config's tracking.experiment
+    experiment: str = ""  # MLflow experiment; empty: tracking.experiment if overridden, else sweep-<name>
     tracking_uri: str = ""  # MLflow store; empty: the base config's, else $MLFLOW_TRACKING_URI, else ./mlflow.db
 
 
@@ -140,7 +142,7 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping (name, base, space, ...), "
                           f"got {type(tree).__name__}")
-    tree = dict(tree)
+    cli_overrides, tree = _apply_sweep_keys(list(cli_overrides), dict(tree))
     overrides = _mapping(tree.pop("overrides", None), "overrides", path)
     space_tree = _mapping(tree.pop("space", None), "space", path)
     try:
@@ -177,6 +179,30 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     sweep = Sweep(file, path.resolve(), base_path, base_tree, {**fixed, **cli, **(forced or {})}, space)
     _check_trials(sweep)
     return sweep
+
+
+def _apply_sweep_keys(cli_overrides: list[str], tree: dict) -> tuple[list[str], dict]:
+    """Split the command line's dotted overrides: those naming a sweep-file key (resources.gpus=0,
+    max_concurrent=1, ...) are set in the sweep file's tree, the rest (run-config keys) are returned for the
+    trials. The two sets of keys never overlap: a run config's sections are model, data, train, ..."""
+    from dataclasses import fields
+
+    from trainer.config_schema import key_type, parse_yaml_value, set_dotted
+
+    sweep_keys = {f.name for f in fields(SweepFile)}
+    rest = []
+    for text in cli_overrides:
+        key, sep, value = str(text).partition("=")
+        key = key.strip()
+        if not sep or key.split(".")[0] not in sweep_keys:
+            rest.append(text)
+            continue
+        try:
+            tp = key_type(SweepFile, key)
+        except ConfigError as exc:
+            raise ConfigError(f"override '{text}': {exc}") from None
+        set_dotted(tree, key, value if tp is str else parse_yaml_value(value, f"override '{text}'"))
+    return rest, tree
 
 
 def _mapping(value: Any, what: str, path: Path) -> dict:

@@ -11,8 +11,9 @@ from ray.tune import Callback
 
 
 class Progress(Callback):
-    def __init__(self, metric: str, steps: int):
+    def __init__(self, metric: str, steps: int, scheduled: bool = False):
         self.metric, self.steps = metric, steps  # steps: train.steps, unless a trial's own config searches it
+        self.scheduled = scheduled  # an early-stopping scheduler (ASHA) may end trials before their last step
 
     def on_trial_start(self, iteration, trials, trial, **info):
         values = " ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -32,8 +33,10 @@ class Progress(Callback):
         shown = f"{self.metric}={value:.4g}" if isinstance(value, (int, float)) else f"no {self.metric}"
         step = last.get("step")
         planned = trial.config.get("train.steps", self.steps)
-        if isinstance(step, int) and step < planned:  # ended by the scheduler, not by running out of steps
-            print(f"trial {trial.trial_id} stopped early by the scheduler: {shown} at step {step} of {planned}",
-                  flush=True)
+        # A Progress pickled by a sweep from before `scheduled` existed: only ASHA sweeps ever stopped trials.
+        scheduled = getattr(self, "scheduled", False)
+        if isinstance(step, int) and step < planned:
+            reason = "stopped early by the scheduler" if scheduled else "ended before its last step"
+            print(f"trial {trial.trial_id} {reason}: {shown} at step {step} of {planned}", flush=True)
         else:
             print(f"trial {trial.trial_id} finished: {shown} at step {step if step is not None else '?'}", flush=True)

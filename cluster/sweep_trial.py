@@ -13,6 +13,7 @@ only. Rank 0 therefore sends its rows through a Ray queue to the trial process, 
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -39,8 +40,14 @@ class TuneReporter:
         if self.metric in row and (self.last_step is None or row.get("step", 0) < self.last_step):
             self._send()
 
-    def final(self) -> None:
-        """After training: one last result if training went on past the last report (the trial's final row)."""
+    def final(self, recorded: dict | None = None) -> None:
+        """After training: one last result if training went on past the last report (the trial's final row).
+
+        recorded: what the run folder holds (run_folder_result), for a run that had nothing left to train (a
+        restored sweep restarts a trial that finished just before the interrupt): Tune then gets the trial's own
+        final result, not the one it saved mid-run."""
+        if self.metric not in self.latest and recorded and self.metric in recorded:
+            self.latest.update(recorded)
         if self.metric in self.latest and self.latest.get("step", -1) != self.reported_step:
             self._send()
 
@@ -59,11 +66,12 @@ def trial_fn(config: dict, spec: dict) -> None:
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()  # stable across retries and across a resumed sweep
     run_dir = Path(spec["sweep_dir"]) / TRIALS_DIR / trial_id
-    values = {**spec["fixed"], **plain_values(config),
-              "tracking.run_name": ctx.get_trial_name(), "tracking.parent_run_id": spec["parent_run_id"]}
     from trainer.config import config_from_dict
     from trainer.runtime import prepare_process
 
+    values = {**spec["fixed"], **plain_values(config), "tracking.parent_run_id": spec["parent_run_id"]}
+    arch = config_from_dict(spec["base_tree"], values).model.arch  # the arch may be searched
+    values["tracking.run_name"] = trial_run_name(arch, spec["name"], trial_id)
     cfg = config_from_dict(spec["base_tree"], values)
     reporter = TuneReporter(spec["metric"], tune.report, last_step=cfg.train.steps)
     if spec["workers"] > 1:
@@ -71,13 +79,37 @@ def trial_fn(config: dict, spec: dict) -> None:
     else:
         from trainer.train import run
 
-        from .ray_runtime import clear_launch_env
+        from .ray_runtime import single_process_env
 
-        clear_launch_env()  # one process: its own free port, never a driver's MASTER_PORT
+        single_process_env()  # one process: its own loopback port, never a driver's MASTER_PORT
         prepare_process(cpus=spec["resources"]["cpus"], who="trial")  # the CPUs Tune reserved for this trial
         run(cfg, run_dir, resume=True, reporter=reporter)
     _tag_child_run(run_dir, values, spec, trial_id)
-    reporter.final()  # last: the scheduler may end this process on it
+    reporter.final(run_folder_result(run_dir, spec["metric"]))  # last: the scheduler may end this process on it
+
+
+def trial_run_name(arch: str, sweep_name: str, trial_id: str) -> str:
+    """The MLflow run name of a trial: arch, sweep and the trial's number in it (Tune's id ends in it:
+    "3f2a1_00003"), e.g. "lamemo-tiny-grid-00003"; short enough for the UI's runs table."""
+    return f"{arch}-{sweep_name}-{trial_id.rsplit('_', 1)[-1]}"
+
+
+def run_folder_result(run_dir: Path, metric: str) -> dict:
+    """{"step", metric} as the trial's run folder records it: a valid_* metric from the newest validation JSON
+    (eval/step{N}.json, N its step), any other from the last metrics.jsonl row; {} when there is none yet."""
+    if metric.startswith("valid_"):
+        evals = sorted(run_dir.glob("eval/step*.json"), key=lambda p: int(p.stem.removeprefix("step")))
+        if not evals:
+            return {}
+        result = json.loads(evals[-1].read_text())
+        key = metric.removeprefix("valid_")
+        return {"step": int(evals[-1].stem.removeprefix("step")), metric: result.get(key)}
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    if not lines:
+        return {}
+    row = json.loads(lines[-1])
+    return {"step": row.get("step"), metric: row.get(metric)}
 
 
 def _tag_child_run(run_dir: Path, values: dict, spec: dict, trial_id: str) -> None:

@@ -225,3 +225,30 @@ def test_runs_of_different_target_lengths_need_tgt_len(tmp_path, capsys):
     assert main(["extrapolate", str(tmp_path / "a"), str(tmp_path / "b"), "--mult", "1-2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "different target lengths" in err and "--tgt-len" in err, err
+
+
+def test_tasks_that_cannot_fit_are_refused_before_ray_starts(setup, tmp_path, capsys, monkeypatch):
+    """Ray would queue a task no node can hold forever: refused in one line before a local Ray starts (its
+    resources are known beforehand), naming what a task asks, what Ray would have and the flags to change."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for Ray, also on a machine that has one
+    out = tmp_path / "out"
+    assert extrapolate([setup["runs"]["txl"]], out, setup["uri"], "--gpus-per-task", "1", "--num-cpus", "2") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("memlm: error: each evaluation asks for 1 CPU and 1 GPU"), err
+    assert "the local Ray would have 2 CPUs and 0 GPUs" in err and "--gpus-per-task 0" in err, err
+    assert extrapolate([setup["runs"]["txl"]], out, setup["uri"], "--cpus-per-task", "3", "--num-cpus", "2") == 2
+    err = capsys.readouterr().err.strip()
+    assert "asks for 3 CPUs" in err and "--cpus-per-task 2" in err and "--num-cpus 3" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("local_ray")
+def test_cluster_without_the_tasks_resources_is_refused(setup, tmp_path, capsys):
+    """--address: checked right after connecting (the session's local Ray: 2 CPUs, no GPU), before any task."""
+    out = tmp_path / "out"
+    assert extrapolate([setup["runs"]["txl"]], out, setup["uri"], "--gpus-per-task", "1", "--address", "auto") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the Ray cluster at auto has 2 CPUs and 0 GPUs" in err and "--gpus-per-task 0" in err
+    assert not list(out.glob("*/*.json"))
+

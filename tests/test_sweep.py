@@ -26,6 +26,7 @@ import pytest
 from cluster.sweep_config import load_sweep
 from trainer.config import ConfigError
 
+from ray_listeners import ListenerWatch, address_namespace
 from train_support import REPO, child_env, make_data
 
 CONFIGS = REPO / "configs"
@@ -38,11 +39,12 @@ def data(tmp_path_factory) -> Path:
     return make_data(tmp_path_factory.mktemp("sweep_data"))
 
 
-def mlflow_runs(db: Path):
+def mlflow_runs(db: Path, experiment: str):
+    """The sweep's parent run and its children, from the sweep's own experiment (sweep-<name> by default)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    experiment = client.get_experiment_by_name("tiny")
+    experiment = client.get_experiment_by_name(experiment)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("memlm.kind") == "sweep"]
     assert len(parents) == 1
@@ -115,6 +117,59 @@ def test_wrong_data_path_is_one_line(tmp_path, capsys):
     assert rc == 2 and "\n" not in err and "manifest.json is missing" in err, err
 
 
+# --- trials that cannot fit the machine or cluster --------------------------------------------------------------
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("memlm: error: "), err
+    return err
+
+
+def test_trials_that_cannot_fit_are_refused_before_ray_starts(tmp_path, capsys, data, monkeypatch):
+    """The shipped Table 5 sweep asks for a GPU per trial: on a machine without one Ray would queue the trials
+    forever. It is refused in one line naming what is asked, what the local Ray would have and the fix."""
+    from memlm.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for Ray, also on a machine that has one
+    out = tmp_path / "sweep"
+    table5 = str(CONFIGS / "sweep_lamemo_table5.yaml")
+    assert main(["sweep", table5, f"data.path={data}", "--out", str(out), "--num-cpus", "4"]) == 2
+    err = one_error_line(capsys)
+    assert "each trial asks for 4 CPUs and 1 GPU" in err and "the local Ray would have 4 CPUs and 0 GPUs" in err
+    assert "resources.gpus=0" in err and not out.exists(), err
+    # More CPUs than the local Ray gets: the fix names both ways, smaller trials or a bigger local Ray.
+    assert main(["sweep", str(TINY_SWEEP), f"data.path={data}", "resources.cpus=3", "--num-cpus", "2",
+                 "--out", str(out)]) == 2
+    err = one_error_line(capsys)
+    assert "asks for 3 CPUs" in err and "resources.cpus=2" in err and "--num-cpus 3" in err and not out.exists()
+
+
+def test_sweep_file_keys_can_be_overridden_on_the_command_line():
+    sweep = load_sweep(CONFIGS / "sweep_lamemo_table5.yaml", ["resources.gpus=0", "resources.cpus=2",
+                                                                "max_concurrent=1", "train.steps=5000"])
+    assert (sweep.file.resources.gpus, sweep.file.resources.cpus, sweep.file.max_concurrent) == (0, 2, 1)
+    assert sweep.fixed["train.steps"] == 5000  # a run-config key still goes to every trial
+    with pytest.raises(ConfigError, match="did you mean 'resources.gpus'"):
+        load_sweep(CONFIGS / "sweep_lamemo_table5.yaml", ["resources.gpu=0"])
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("local_ray")
+def test_cluster_without_the_trials_resources_is_refused_before_tune(tmp_path, data, capsys, monkeypatch):
+    """--address: the cluster's resources are read right after connecting (here the session's local Ray, 2 CPUs,
+    no GPU); nothing runs and no MLflow run is made."""
+    from memlm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(["sweep", str(TINY_SWEEP), f"data.path={data}", "resources.gpus=1", "--address", "auto",
+               "--out", str(tmp_path / "sweep")])
+    assert rc == 2
+    err = one_error_line(capsys)
+    assert "asks for 1 CPU and 1 GPU" in err and "the Ray cluster at auto has 2 CPUs and 0 GPUs" in err, err
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 # --- a 4-trial grid sweep, one trial killed once ---------------------------------------------------------------
 
 
@@ -185,9 +240,12 @@ def test_grid_sweep_with_a_killed_trial(tmp_path, data, capsys, monkeypatch):
     assert [steps[i] for i in range(1, len(steps)) if steps[i] <= steps[i - 1]] in ([], [ckpt_step + 1]), steps
 
     # MLflow: one parent with the sweep's outcome, four children (one per trial) with params and metrics.
-    parent, children = mlflow_runs(tmp_path / "mlflow.db")
+    parent, children = mlflow_runs(tmp_path / "mlflow.db", "sweep-tiny-grid")
     assert parent.info.status == "FINISHED" and len(children) == 4
     assert {c.data.tags["memlm.trial_id"] for c in children} == {r["trial_id"] for r in table}
+    # Run names tell the trials apart in the UI: arch, sweep, the trial's number (Tune's id ends in it).
+    assert {c.info.run_name for c in children} == {f"lamemo-tiny-grid-{r['trial_id'].rsplit('_', 1)[1]}"
+                                                   for r in table}
     for child in children:
         assert child.info.status == "FINISHED"
         assert child.data.params["train.steps"] == "10" and "train.lr" in child.data.params
@@ -245,9 +303,14 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
     env = child_env({"RAY_AUTH_MODE": "disabled", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(busy.getsockname()[1])})
     log = (tmp_path / "first.log").open("w+")
+    # Both runs in a network where Ray would discover a non-loopback node address: every socket that the local
+    # Ray, its workers and the trials open must still be on loopback (tests/ray_listeners.py).
+    netns = address_namespace()
     cmd = _sweep_cmd(sweep_file, sweep_dir, data)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(netns + cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    watch = ListenerWatch(proc.pid)
+    watch.start()
     try:
         # Interrupt once one trial finished and the other is under way with a checkpoint.
         deadline = time.monotonic() + 240
@@ -270,14 +333,33 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
     assert "EADDRINUSE" not in first and "failed; retrying" not in first, first[-3000:]
     finished = [line.split()[1] for line in first.splitlines() if " finished: valid_ppl=" in line]
     assert len(finished) == 1 and first_rc == 130, first[-3000:]
-    assert "rerun the same command to resume" in first
     interrupted = [p.parents[1].name for p in sweep_dir.glob("trials/*/checkpoints/latest")
                    if p.parents[1].name not in finished]
     assert interrupted
+    # The interrupted sweep's story: the finished trial with its own metric (and the best), the other one
+    # interrupted (not PENDING, not best); memlm's line, not Ray's Tuner.restore hint (kept in library.log).
+    (done,) = finished
+    first_table = {r["trial_id"]: r for r in trials_table(sweep_dir)}
+    assert first_table[done]["status"] == "TERMINATED" and first_table[done]["step"] == str(SERIAL_STEPS)
+    assert float(first_table[done]["valid_ppl"]) == pytest.approx(own_valid_ppl(sweep_dir, done))
+    assert {first_table[t]["status"] for t in interrupted} == {"INTERRUPTED"}
+    assert json.loads((sweep_dir / "best.json").read_text())["trial_id"] == done
+    assert "interrupted with 1 of 2 trials unfinished; rerun the same command to resume" in first
+    assert "Tuner.restore" not in first and "Stop signal received" not in first, first[-3000:]
+    assert "Tuner.restore" in (sweep_dir / "library.log").read_text()
     before = {t: (sweep_dir / "trials" / t / "metrics.jsonl").read_bytes() for t in finished}
 
-    second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    second_proc = subprocess.Popen(netns + cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    watch_second = ListenerWatch(second_proc.pid)
+    watch_second.start()
+    out, err = second_proc.communicate(timeout=300)
+    second = subprocess.CompletedProcess(cmd, second_proc.returncode, out, err)
     busy.close()
+    for run in (watch, watch_second):
+        seen = run.finish()
+        assert len(seen) >= 5, seen  # the watch saw the local Ray's servers (GCS, raylet, workers, agents)
+        assert not run.not_loopback(), f"listening beyond loopback during a sweep: {run.not_loopback()}"
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming" in second.stdout
     started_again = {line.split()[1] for line in second.stdout.splitlines() if " started: " in line}
@@ -289,9 +371,28 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
         assert steps.count(10) == 1 and steps[-1] == SERIAL_STEPS, steps
     table = trials_table(sweep_dir)
     assert len(table) == 2 and {r["status"] for r in table} == {"TERMINATED"}
-    parent, children = mlflow_runs(tmp_path / "mlflow.db")
+    parent, children = mlflow_runs(tmp_path / "mlflow.db", "sweep-serial")
     assert parent.info.status == "FINISHED" and len(children) == 2  # a resumed trial keeps its MLflow run
     assert {c.info.status for c in children} == {"FINISHED"}
+
+    # What the resumed sweep reports is each trial's own: status, step and metric as its run folder records
+    # them; no "stopped early" (there is no scheduler); the best is the trial with the lower metric.
+    own = {t: own_valid_ppl(sweep_dir, t) for t in (*finished, *interrupted)}
+    assert {r["trial_id"]: (r["status"], r["step"]) for r in table} == {t: ("TERMINATED", str(SERIAL_STEPS))
+                                                                           for t in own}
+    assert {r["trial_id"]: float(r["valid_ppl"]) for r in table} == pytest.approx(own)
+    for trial_id in interrupted:  # the resumed trial's own final result, as it finished
+        assert f"trial {trial_id} finished: valid_ppl={own[trial_id]:.4g} at step {SERIAL_STEPS}" in second.stdout
+    assert "stopped early" not in second.stdout + first and "ended before" not in second.stdout + first
+    assert json.loads((sweep_dir / "best.json").read_text())["trial_id"] == min(own, key=own.get)
+    assert {c.data.tags["memlm.trial_id"]: c.data.metrics["valid_ppl"] for c in children} == pytest.approx(own)
+    assert "Tuner.restore" not in second.stdout + second.stderr
+    assert "FileNotFoundError" not in second.stdout + second.stderr
+
+
+def own_valid_ppl(sweep_dir: Path, trial_id: str) -> float:
+    """A trial's validation perplexity at its last step, from its own run folder."""
+    return json.loads((sweep_dir / "trials" / trial_id / "eval" / f"step{SERIAL_STEPS}.json").read_text())["ppl"]
 
 
 # --- early stopping with ASHA ---------------------------------------------------------------------------------
@@ -329,7 +430,7 @@ def test_asha_stops_the_weak_trial_and_the_strong_one_ends_cleanly(tmp_path, dat
     # ASHA stops every trial at max_t (= train.steps): that must come after the final checkpoint and MLflow end.
     latest = sweep_dir / "trials" / strong["trial_id"] / "checkpoints" / "latest"
     assert latest.read_text().strip() == "global_step6"
-    _, children = mlflow_runs(tmp_path / "mlflow.db")
+    _, children = mlflow_runs(tmp_path / "mlflow.db", "sweep-asha")
     status = {c.data.tags["memlm.trial_id"]: c for c in children}
     assert status[strong["trial_id"]].info.status == "FINISHED"
     assert status[weak["trial_id"]].info.status == "KILLED"
@@ -365,7 +466,7 @@ def test_trial_with_two_deepspeed_workers(tmp_path, data, capsys, monkeypatch):
     ckpt = sweep_dir / "trials" / row["trial_id"] / "checkpoints" / "global_step4"
     assert json.loads((ckpt / "meta.json").read_text())["world_size"] == 2
     assert (ckpt / "rank1.pt").is_file() and (ckpt / "zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
-    parent, (child,) = mlflow_runs(tmp_path / "mlflow.db")
+    parent, (child,) = mlflow_runs(tmp_path / "mlflow.db", "sweep-workers")
     assert child.data.metrics["valid_ppl"] == pytest.approx(float(row["valid_ppl"]))
     assert child.data.params["deepspeed.zero_stage"] == "2"
 
@@ -399,6 +500,55 @@ def test_reporter_holds_the_last_steps_result_until_training_returned():
     assert [r["step"] for r in sent] == [2]
     reporter.final()
     assert sent[-1] == {"step": 4, "loss": 2.0, "valid_ppl": 10.0} and len(sent) == 2
+
+
+def test_reporter_final_sends_the_run_folders_result_when_nothing_was_trained():
+    """A restored sweep restarts a trial that had trained its last step just before the interrupt: the trainer
+    has nothing left to do, and the trial's result is what its run folder records, not Tune's stale one."""
+    from cluster.sweep_trial import TuneReporter
+
+    sent: list[dict] = []
+    TuneReporter("valid_ppl", sent.append, last_step=10).final({"step": 10, "valid_ppl": 12.5})
+    assert sent == [{"step": 10, "valid_ppl": 12.5}]
+    reporter = TuneReporter("valid_ppl", sent.append, last_step=10)
+    reporter({"step": 10, "loss": 2.0, "valid_ppl": 9.0})  # trained here: its own last row wins
+    reporter.final({"step": 10, "valid_ppl": 12.5})
+    assert sent[-1] == {"step": 10, "loss": 2.0, "valid_ppl": 9.0}
+
+
+def test_trial_status_from_tune_and_the_run_folder(tmp_path):
+    from cluster.sweep import trial_status
+    from trainer.checkpoint import META
+
+    def run_dir(name: str, step: int | None) -> Path:
+        ckpt = tmp_path / name / "checkpoints"
+        ckpt.mkdir(parents=True)
+        if step is not None:
+            (ckpt / f"global_step{step}").mkdir()
+            (ckpt / f"global_step{step}" / META).write_text("{}")
+            (ckpt / "latest").write_text(f"global_step{step}")
+        return tmp_path / name
+
+    final, partial, fresh = run_dir("final", 10), run_dir("partial", 5), run_dir("fresh", None)
+    assert trial_status("TERMINATED", 10, 10, False, final) == "TERMINATED"
+    assert trial_status("TERMINATED", 4, 10, True, partial) == "STOPPED"
+    assert trial_status("ERROR", 4, 10, False, partial) == "ERROR"
+    # Tune saved these as PENDING at Ctrl-C; the run folders say what they were
+    assert trial_status("PENDING", 10, 10, False, final) == "TERMINATED"
+    assert trial_status("PENDING", 5, 10, False, partial) == "INTERRUPTED"
+    assert trial_status("PENDING", None, 10, False, fresh) == "PENDING"
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_progress_says_stopped_early_only_with_a_scheduler(capsys, scheduled):
+    from types import SimpleNamespace
+
+    from cluster.sweep_progress import Progress
+
+    trial = SimpleNamespace(trial_id="a_00001", last_result={"step": 4, "valid_ppl": 2.0}, config={})
+    Progress("valid_ppl", 10, scheduled=scheduled).on_trial_complete(0, [], trial)
+    reason = "stopped early by the scheduler" if scheduled else "ended before its last step"
+    assert capsys.readouterr().out == f"trial a_00001 {reason}: valid_ppl=2 at step 4 of 10\n"
 
 
 def test_search_space_kinds_and_asha(tmp_path):
