@@ -1,7 +1,9 @@
 """Threads that fit the cores (trainer/runtime.py): every memlm process sets torch's thread count to the cores it
-owns, so processes that share a machine never oversubscribe it; and the DeepSpeed op cache is keyed by the
-environment. The side-by-side tests read the thread counts the processes chose (their one stderr line), never a
-timing. They start real training processes without OMP_NUM_THREADS (child_env sets it; these tests remove it).
+owns, so processes that share a machine never oversubscribe it, and a count memlm chose itself follows the load
+(one thread less per core other processes keep busy); and the DeepSpeed op cache is keyed by the environment.
+The side-by-side tests read the thread counts the processes chose (their stderr lines), never a timing (speed
+is bench/bench_threads_shared.py). They start real processes without OMP_NUM_THREADS (child_env sets it; these
+tests remove it).
 """
 
 from __future__ import annotations
@@ -43,6 +45,140 @@ def test_choice_rules():
     assert runtime.choose_threads(env={"OMP_NUM_THREADS": "3", "LOCAL_SIZE": "2"}) == runtime.ThreadChoice(3, "OMP_NUM_THREADS")
     ray = runtime.choose_threads(cpus=2, env={"OMP_NUM_THREADS": "1"})  # a Ray task's reservation wins
     assert ray.threads == 2 and "Ray" in ray.reason
+
+
+def test_only_memlms_own_count_for_a_lone_rank_follows_the_load():
+    assert runtime.choose_threads(env={}).follows_load == (runtime.affinity_cores() > 1)
+    for chosen_elsewhere in ({"OMP_NUM_THREADS": "2"}, {"LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "2"}):
+        assert not runtime.choose_threads(env=chosen_elsewhere).follows_load  # the user's count is kept
+    assert not runtime.choose_threads(cpus=2, env={}).follows_load  # a Ray reservation is kept
+    assert not runtime.choose_threads(env={"LOCAL_WORLD_SIZE": "2"}).follows_load  # each rank would see the other
+    runtime.fit_threads(who="test")  # conftest sets OMP_NUM_THREADS=1: nothing to follow
+    assert runtime.refit_threads() is None
+
+
+def test_one_thread_less_per_core_other_processes_keep_busy():
+    assert runtime.threads_for(2, 2, others=0.0) == 2
+    assert runtime.threads_for(2, 2, others=0.2) == 2  # a shell, the kernel's own work
+    assert runtime.threads_for(2, 2, others=0.3) == 1
+    assert runtime.threads_for(2, 2, others=1.0) == 1
+    assert runtime.threads_for(2, 2, others=7.0) == 1  # never below one
+    assert runtime.threads_for(16, 16, others=3.0) == 13
+    assert runtime.threads_for(16, 16, others=3.3) == 12
+    assert runtime.threads_for(8, 16, others=8.0) == 8  # the other half of the machine is not ours anyway
+
+
+def test_busy_seconds_reads_the_cores_it_is_asked_about():
+    stat = ("cpu  900 0 900 9000 0 0 0 0 0 0\n"
+            "cpu0 100 10 200 5000 70 3 4 50 0 0\n"  # user nice system idle iowait irq softirq steal guest guest_nice
+            "cpu1 400 0 600 4000 0 0 0 0 0 0\n"
+            "intr 123 4 5\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    assert runtime.busy_seconds(frozenset({0}), stat) == pytest.approx(317 / tick)  # not idle, iowait, steal
+    assert runtime.busy_seconds(frozenset({0, 1}), stat) == pytest.approx(1317 / tick)
+    assert runtime.busy_seconds(frozenset({5}), stat) == 0
+    cores = frozenset(os.sched_getaffinity(0))
+    assert 0 < runtime.busy_seconds(cores) <= runtime.busy_seconds(cores)  # the real counters only grow
+
+
+class Readings:
+    """Scripted clock, core and own-CPU readings for a LoadFollower, and the thread counts it sets."""
+
+    def __init__(self):
+        self.now = self.busy = self.own = 0.0
+        self.set: list[int] = []
+
+    def advance(self, seconds: float, others: float, own: float) -> None:
+        """`seconds` pass in which other processes use `others` cores and this process `own` cores."""
+        self.now += seconds
+        self.busy += seconds * (others + own)
+        self.own += seconds * own
+
+    def follower(self) -> runtime.LoadFollower:
+        return runtime.LoadFollower(2, "memlm test", frozenset({0, 1}), clock=lambda: self.now,
+                                    own_cpu=lambda: self.own, busy=lambda cores: self.busy,
+                                    set_threads=self.set.append)
+
+
+def test_the_follower_steps_down_at_once_and_back_up_after_a_quiet_while(capsys):
+    r = Readings()
+    follower = r.follower()
+    r.advance(0.5, others=1.0, own=2.0)
+    assert follower.poll() == 2 and r.set == []  # not due yet: a clock read only
+    r.advance(0.5, others=1.0, own=1.0)
+    assert follower.poll() == 1 and r.set == [1]  # a busy process beside it: down at the first measurement
+    assert follower.others == pytest.approx(1.0)
+    for _ in range(runtime.RAISE_AFTER - 1):
+        r.advance(1.0, others=0.0, own=1.0)
+        assert follower.poll() == 1  # free again, not yet for long enough
+    r.advance(1.0, others=0.0, own=1.0)
+    assert follower.poll() == 2 and r.set == [1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["memlm test: 1 torch thread (other processes keep 1.0 of its 2 cores busy)"]  # one a minute
+    r.advance(runtime.SAY_EVERY_SECONDS, others=0.0, own=2.0)
+    assert follower.poll() == 2  # the change not said yet is said once a minute has passed
+    assert capsys.readouterr().err.splitlines() == ["memlm test: 2 torch threads (its cores are free again)"]
+    r.advance(1.0, others=0.0, own=2.0)
+    assert follower.poll() == 2 and capsys.readouterr().err == ""
+
+
+def test_the_followers_own_work_is_not_anyone_elses():
+    r = Readings()
+    follower = r.follower()
+    for _ in range(3):
+        r.advance(1.0, others=0.1, own=2.0)  # its own two threads keep both cores busy
+        assert follower.poll() == 2
+    assert r.set == [] and follower.others == pytest.approx(0.1)
+
+
+def test_cores_must_stay_free_in_a_row_before_threads_come_back():
+    r = Readings()
+    follower = r.follower()
+    r.advance(1.0, others=1.0, own=1.0)
+    assert follower.poll() == 1
+    for _ in range(runtime.RAISE_AFTER - 1):
+        r.advance(1.0, others=0.0, own=1.0)
+        follower.poll()
+    r.advance(1.0, others=0.5, own=1.0)  # busy again just before the last one: start counting over
+    assert follower.poll() == 1
+    for _ in range(runtime.RAISE_AFTER - 1):
+        r.advance(1.0, others=0.0, own=1.0)
+        assert follower.poll() == 1
+    r.advance(1.0, others=0.0, own=1.0)
+    assert follower.poll() == 2 and r.set == [1, 2]
+
+
+BESIDE_A_BUSY_PROCESS = """
+import time, torch
+from trainer.runtime import prepare_process, refit_threads
+prepare_process(who="test")
+x = torch.randn(256, 256)
+end = time.monotonic() + 2.5
+while time.monotonic() < end:  # steps of torch work, each after the loops' call
+    refit_threads()
+    x = torch.tanh(x @ x) * 0.1
+print(torch.get_num_threads())
+"""
+
+
+def test_a_real_busy_process_beside_it_takes_a_thread_away():
+    """A `while True` process pinned to one of this process's cores: the real measurement (/proc/stat against
+    the process's own CPU time) sees it, and torch's threads go down to the cores left, said in one line."""
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(cores) >= 2, "this test needs 2 cores (CI has 2)"
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cores[-1]}))
+    try:
+        proc = subprocess.run([sys.executable, "-c", BESIDE_A_BUSY_PROCESS], cwd=REPO, env=env_without_threads(),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [n for _, n, _ in choices(proc.stderr)]
+    assert got[0] == len(cores) and got[-1] < len(cores), proc.stderr
+    assert int(proc.stdout) == got[-1]
+    assert "other processes keep" in proc.stderr and "fewer while other processes" in proc.stderr
 
 
 def test_bad_omp_num_threads_is_named_and_ignored(capsys):
