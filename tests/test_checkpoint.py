@@ -6,6 +6,8 @@ and the killed run are subprocesses (torchrun --standalone picks a free port per
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -95,13 +97,16 @@ def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
 
     # --reshard: a single process takes only the 2-rank run's consolidated weights (fresh optimizer and data).
     fresh = train_in_process("txl", data, tmp_path / "fresh", deepspeed__zero_stage=2, train__steps=2)
-    before = len(metrics(split))
+    old_rows = metrics(split)
     capsys.readouterr()
     rc = main(["train", preset("txl"), *overrides(data, deepspeed__zero_stage=2, train__steps=2),
                "--out", str(split), "--reshard"])
     assert rc == 0 and "warning: --reshard loaded only the weights" in capsys.readouterr().err
-    resharded = metrics(split)[before]
+    resharded = metrics(split)[0]
     assert resharded["step"] == 1  # the data and schedule start over; the weights are the trained ones
+    # The new step count would collide with the old rows: they are kept aside, not mixed in.
+    kept = [json.loads(line) for line in (split / "metrics.before-reshard.jsonl").read_text().splitlines()]
+    assert kept == old_rows
     assert resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])
 
 
@@ -111,11 +116,10 @@ def test_reshard_reads_a_zero0_checkpoint(data, tmp_path, capsys):
     trained = tmp_path / "z0"
     train_in_process("txl", data, trained, train__steps=3 * K, train__save_every=3 * K)
     fresh = train_in_process("txl", data, tmp_path / "fresh", train__steps=2)
-    before = len(metrics(trained))
     capsys.readouterr()
     rc = main(["train", preset("txl"), *overrides(data, train__steps=2), "--out", str(trained), "--reshard"])
     assert rc == 0 and "warning: --reshard loaded only the weights" in capsys.readouterr().err
-    resharded = metrics(trained)[before]
+    resharded = metrics(trained)[0]
     assert resharded["step"] == 1 and resharded["loss"] < fresh[0]["loss"] - 0.05, (resharded, fresh[0])
 
 

@@ -94,10 +94,10 @@ def test_no_command_is_a_usage_error():
     proc = run(MEMLM)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "memlm: error: memlm: the following arguments are required: COMMAND (see `memlm --help`)"]
+        "memlm: error: the following arguments are required: COMMAND (see `memlm --help`)"]
     proc = run(MEMLM + ["train", "configs/tiny_txl.yaml", "--stop-at", "soon"])  # a bad flag value: one line too
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert proc.stderr.startswith("memlm: error: memlm train: argument --stop-at") and "--help" in proc.stderr
+    assert proc.stderr.startswith("memlm: error: train: argument --stop-at") and "--help" in proc.stderr
 
 
 def test_the_command_line_does_not_import_heavy_packages():

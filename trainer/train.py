@@ -101,6 +101,7 @@ class Trainer:
         self.reporter = reporter if info.rank == 0 else None
         self.rank = info.rank
         self.ckpt_dir = run_dir / "checkpoints"
+        self.stop = StopRequest(cfg.train.stop_grace_s, self.rank, self._last_checkpoint)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -305,7 +306,6 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         status = "FAILED"
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        self.stop = StopRequest(cfg.stop_grace_s, self.rank, self._last_checkpoint)
         try:
             with self.stop.installed():
                 self._loop(tracker, progress, metrics_path, end)
