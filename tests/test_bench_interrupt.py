@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,54 @@ def test_every_bench_script_stops_through_the_shared_helper():
             bare.append(str(path.relative_to(ROOT)))
     assert not bare, (f"{bare}: end with `from interrupt import stop_in_one_line` and "
                       "`sys.exit(stop_in_one_line(main))` in the __main__ block")
+
+
+STUBBORN_DRIVER = '''
+import subprocess, sys
+sys.path.insert(0, {root!r})
+from bench.reproduce.children import CHILDREN
+from bench.reproduce.common import run_experiment
+
+# A child that ignores Ctrl-C, with a grandchild in a process group of its own (as Ray's processes are) doing the
+# same: only the SIGKILL after the grace period, to the whole session, ends them.
+IGNORE = "import os, signal, subprocess, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+GRANDCHILD = IGNORE + "os.setpgrp(); time.sleep(300)"
+CHILD = IGNORE + f"subprocess.Popen([sys.executable, '-c', {{GRANDCHILD!r}}]); time.sleep(300)"
+
+
+def main():
+    CHILDREN.grace = 1
+    CHILDREN.run([sys.executable, "-c", CHILD], stdout=subprocess.DEVNULL, cwd=".", env=None, name="stubborn",
+                 what="sleep")
+
+
+sys.exit(run_experiment(main))
+'''
+
+
+def test_a_child_that_ignores_ctrl_c_is_killed_after_the_grace_period(tmp_path):
+    import psutil
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(STUBBORN_DRIVER.format(root=str(ROOT)))
+    proc = subprocess.Popen([sys.executable, str(driver)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    script = psutil.Process(proc.pid)
+    while len(script.children(recursive=True)) < 2:  # the child and its grandchild are up
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    seen = script.children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and stdout == ""
+    assert stderr.startswith("driver: stopped by Ctrl-C: ended stubborn (sleep for ") and ", killed); " in stderr
+    assert stderr.count("\n") == 1
+    left = []
+    for p in seen:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.cmdline())
+                p.kill()  # after noting it: a failing run of this test leaves nothing behind either
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, left
