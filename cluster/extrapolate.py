@@ -32,6 +32,7 @@ from data_pipeline.progress import format_duration
 
 from .errors import ClusterError
 from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
+from .ray_runtime import error_reason
 
 DEFAULT_OUT = "extrapolation"
 # Errors worth another attempt: I/O hiccups on a shared filesystem, a runtime failure of torch (allocation on a
@@ -113,7 +114,7 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
                         reply = ray.get(ref)
                     except Exception as exc:  # noqa: BLE001 - any task failure is reported, the rest goes on
                         failures.append(f"{job.run.name} at m={job.m} (memory {job.mem_len}) failed "
-                                        f"(retries allowed: {args.max_retries}): {_reason(exc)}")
+                                        f"(retries allowed: {args.max_retries}): {error_reason(exc)}")
                         print(f"extrapolate: FAILED {failures[-1]}", file=sys.stderr, flush=True)
                         continue
                     results[key] = _keep(job, reply["result"])
@@ -147,7 +148,7 @@ def finish(args, runs, mults, out: Path, results, seconds, failures, client, exp
                     [paths["plot"], paths["summary"], paths["csv"]])
     except Exception as exc:  # noqa: BLE001 - the store went away mid-command: the results on disk still stand
         print(table(summary))
-        raise ClusterError(f"results are in {out}, but logging them to MLflow at {uri} failed ({_reason(exc)}); "
+        raise ClusterError(f"results are in {out}, but logging them to MLflow at {uri} failed ({error_reason(exc)}); "
                            "rerun the same command to log them (finished results are reused)") from None
     print(table(summary))
     print(f"extrapolate: results in {out} (summary.json, extrapolation.csv, extrapolation.png); MLflow experiment "
@@ -192,14 +193,6 @@ def _keep(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     if read_result(job.json_path) != result:
         write_json(result, job.json_path)
     return result
-
-
-def _reason(exc: BaseException) -> str:
-    """The original error of a failed Ray task in one line (RayTaskError carries it as .cause)."""
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip()
-    first = text.splitlines()[0][:300] if text else ""
-    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
 
 
 def _mult_text(mults: list[int]) -> str:

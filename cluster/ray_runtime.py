@@ -163,6 +163,14 @@ def amount(resources: dict[str, float], nonzero: bool = False) -> str:
     return " and ".join(f"{value:g} {key}{'' if value == 1 else 's'}" for key, value in shown.items())
 
 
+def error_reason(exc: BaseException) -> str:
+    """The original error of a failed Ray task or Tune trial in one line (RayTaskError carries it as .cause)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+
+
 def clear_launch_env() -> None:
     """Forget launcher variables in this worker process, so what runs here is a fresh single process (on an
     existing cluster the workers' environment comes from whoever started its nodes)."""

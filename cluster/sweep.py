@@ -115,15 +115,16 @@ def _refuse_unless_trials_fit(sweep: Sweep, available: dict[str, float], where: 
                        f"add {' and '.join(fixes)} to the command line")
 
 
-# Tune's loggers whose console lines memlm says in its own words: the Ctrl-C notice with its
-# "Tuner.restore(...)" hint (memlm says "rerun the same command to resume"), and the FileNotFoundError warning
-# for every trial that never ran when the trials are read back (the table shows them).
+# Tune's loggers whose console lines memlm says in its own words (sweep_progress.Progress, _report): the Ctrl-C
+# notice with its "Tuner.restore(...)" hint and "Trials did not complete" (memlm: "rerun the same command to
+# resume", "N trial(s) failed"), and the FileNotFoundError warning for every trial that never ran when the trials
+# are read back (the table shows them as PENDING).
 TUNE_LOGGERS = ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")
 
 
 def _route_library_logs(sweep_dir: Path) -> None:
-    """MLflow's database INFO lines and the Tune lines above into SWEEP_DIR/library.log. The Tune loggers stop
-    passing records on to Ray's console handler; errors still reach the console through their own handler."""
+    """MLflow's database INFO lines and the Tune lines above into SWEEP_DIR/library.log; the Tune loggers stop
+    passing records on to Ray's console handler."""
     import logging
 
     from trainer.quiet import LIBRARY_LOGGERS, route_library_loggers
@@ -132,14 +133,8 @@ def _route_library_logs(sweep_dir: Path) -> None:
         logger = logging.getLogger(name)
         for handler in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
             logger.removeHandler(handler)
-    route_library_loggers(sweep_dir, names=LIBRARY_LOGGERS + TUNE_LOGGERS)
-    for name in TUNE_LOGGERS:
-        logger = logging.getLogger(name)
         logger.propagate = False
-        if not any(type(h) is logging.StreamHandler for h in logger.handlers):
-            console = logging.StreamHandler(sys.stderr)
-            console.setLevel(logging.ERROR)
-            logger.addHandler(console)
+    route_library_loggers(sweep_dir, names=LIBRARY_LOGGERS + TUNE_LOGGERS)
 
 
 def _pin_paths(sweep: Sweep) -> tuple[str, str]:
@@ -232,6 +227,8 @@ def _run_tune(sweep: Sweep, sweep_dir: Path, parent_id: str, uri: str, resuming:
     # Tune's newer output engine prints a boxed configuration table and a TensorBoard hint whatever `verbose`
     # says; the classic one honours verbose=0, and sweep_progress.Progress prints our one line per trial event.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # A failed trial: Progress says so in one line with the error's reason, not Tune's traceback per attempt.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     if resuming:
         print(f"memlm sweep: resuming {path}: finished trials are kept, the others continue from their checkpoints",
               flush=True)
@@ -346,22 +343,28 @@ def _trial_row(trial, sweep: Sweep, sweep_dir: Path) -> dict:
     row = {"trial_id": trial.trial_id, "step": last.get("step"), metric: last.get(metric),
            "failures": trial.run_metadata.num_failures,
            "mlflow_run_id": id_file.read_text().strip() if id_file.is_file() else "", "run_dir": str(run_dir)}
-    row["status"] = trial_status(trial.status, row["step"], _planned_steps(sweep, trial.config),
+    row["status"] = trial_status(trial.status, _last_logged_step(run_dir), _planned_steps(sweep, trial.config),
                                  sweep.file.scheduler.type != "none", run_dir)
     row.update({d.key: trial.config.get(d.key) for d in sweep.space})
     return row
 
 
-def trial_status(tune_status: str, step: int | None, planned: int, scheduled: bool, run_dir: Path) -> str:
-    """What happened to a trial, in the table's words.
+def _last_logged_step(run_dir: Path) -> int | None:
+    """The step of the run's last metrics row: the training always logs its last step (the metric may be older)."""
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
+    return json.loads(rows[-1]).get("step") if rows else None
+
+
+def trial_status(tune_status: str, trained: int | None, planned: int, scheduled: bool, run_dir: Path) -> str:
+    """What happened to a trial, in the table's words; `trained`: the last step it logged.
 
     TERMINATED: trained all its steps; STOPPED: ended early by the scheduler (Tune calls both TERMINATED);
     ERROR: failed after its retries; INTERRUPTED: under way when the sweep was stopped, a rerun continues it from
     its checkpoint; PENDING: nothing to continue from yet. Tune saves every trial that was running at Ctrl-C as
-    PENDING, also one that had just trained its last step: the run folder's checkpoints tell them apart."""
+    PENDING, also one that had just trained its last step: its final checkpoint (written after the last row, so
+    nothing is left to redo) tells them apart."""
     if tune_status == "TERMINATED":
-        early = scheduled and isinstance(step, int) and step < planned
-        return STOPPED if early else "TERMINATED"
+        return STOPPED if scheduled and (trained or 0) < planned else "TERMINATED"
     if tune_status == "ERROR":
         return "ERROR"
     from trainer import checkpoint

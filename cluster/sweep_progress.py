@@ -7,6 +7,8 @@ function that runs Tune, so `memlm --help` and training still never load Ray.
 
 from __future__ import annotations
 
+import os
+
 from ray.tune import Callback
 
 
@@ -20,12 +22,14 @@ class Progress(Callback):
         print(f"trial {trial.trial_id} started: {values}", flush=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        print(f"trial {trial.trial_id} failed; retrying from its last checkpoint "
+        print(f"trial {trial.trial_id} failed{_reason(trial)}; retrying from its last checkpoint "
               f"(failure {trial.run_metadata.num_failures})", flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        print(f"trial {trial.trial_id} failed for good after {trial.run_metadata.num_failures} failure(s); "
-              f"see {trial.error_file or 'its log'}", flush=True)
+        # error_file is the driver's staging copy under /tmp/ray; Tune copies it into the sweep folder
+        where = f"{trial.storage.trial_fs_path}/{os.path.basename(trial.error_file)}" if trial.error_file else "its log"
+        print(f"trial {trial.trial_id} failed for good after {trial.run_metadata.num_failures} failure(s)"
+              f"{_reason(trial)}; traceback in {where}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
@@ -40,3 +44,17 @@ class Progress(Callback):
             print(f"trial {trial.trial_id} {reason}: {shown} at step {step} of {planned}", flush=True)
         else:
             print(f"trial {trial.trial_id} finished: {shown} at step {step if step is not None else '?'}", flush=True)
+
+
+def _reason(trial) -> str:
+    """" (DataError: ...)" from the error Tune just saved for the trial (in the driver's copy of the trial folder,
+    next to its traceback, error_file), or "" when there is none to read."""
+    from ray import cloudpickle
+
+    from .ray_runtime import error_reason
+
+    try:
+        with open(trial.pickled_error_file, "rb") as f:
+            return f" ({error_reason(cloudpickle.load(f))})"
+    except Exception:  # noqa: BLE001 - an unreadable error file must not break the sweep's progress lines
+        return ""

@@ -47,7 +47,7 @@ class TuneReporter:
         restored sweep restarts a trial that finished just before the interrupt): Tune then gets the trial's own
         final result, not the one it saved mid-run."""
         if self.metric not in self.latest and recorded and self.metric in recorded:
-            self.latest.update(recorded)
+            self.latest = {**recorded, **self.latest}  # rows trained here keep their (later) step
         if self.metric in self.latest and self.latest.get("step", -1) != self.reported_step:
             self._send()
 
