@@ -60,12 +60,13 @@ class ParentRun:
         return self.run_id
 
     def settle_children(self, rows: list[dict]) -> None:
-        """Give every trial's MLflow run the status of the trial: a trial ASHA stopped was ended from outside
-        (its trainer never closed its run, or closed it FAILED), so it becomes KILLED with a `memlm.stopped_early`
-        tag; a finished trial's run is FINISHED. Failing calls warn: the sweep's own results stand."""
+        """Give every trial's MLflow run the status of the trial: a trial ASHA stopped, or one under way when the
+        sweep was interrupted, was ended from outside (its trainer never closed its run), so it becomes KILLED,
+        with a `memlm.stopped_early` tag when ASHA stopped it (a resumed trial's trainer reopens its run); a
+        finished trial's run is FINISHED. Failing calls warn: the sweep's own results stand."""
         for row in rows:
             run_id = row.get("mlflow_run_id")
-            wanted = {"STOPPED": "KILLED", "TERMINATED": "FINISHED"}.get(row["status"])
+            wanted = {"STOPPED": "KILLED", "INTERRUPTED": "KILLED", "TERMINATED": "FINISHED"}.get(row["status"])
             if not run_id or wanted is None:
                 continue
             try:

@@ -350,6 +350,9 @@ def test_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path, dat
     assert "interrupted with 1 of 2 trials unfinished; rerun the same command to resume" in first
     assert "Tuner.restore" not in first and "Stop signal received" not in first, first[-3000:]
     assert "Tuner.restore" in (sweep_dir / "library.log").read_text()
+    _, children = mlflow_runs(tmp_path / "mlflow.db", "sweep-serial")
+    assert {c.data.tags["memlm.trial_id"]: c.info.status for c in children} == {
+        done: "FINISHED", **{t: "KILLED" for t in interrupted}}  # not left RUNNING
     before = {t: (sweep_dir / "trials" / t / "metrics.jsonl").read_bytes() for t in finished}
 
     second_proc = subprocess.Popen(netns + cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
