@@ -12,7 +12,9 @@ the node's IP is a loopback address, and to every interface otherwise. `ray.init
 alone does not give that on Linux: Ray replaces a loopback node IP by the address it discovers with a UDP connect
 towards a public address, unless its local-only mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the default on macOS
 and Windows) is on while it starts. A local Ray is started in that mode, with the dashboard off, and is refused
-if it still came up on another address. Usage stats and MLflow telemetry are switched off for the driver and,
+if it still came up on another address. Its workers keep gloo and NCCL on the loopback interface, and a
+single-process trial's torch rendezvous (which binds every interface by itself) is made on a loopback socket
+(single_process_env). Usage stats and MLflow telemetry are switched off for the driver and,
 through the runtime environment, for every worker. Ray 2.60 turns token authentication on by default, which a
 single-user local cluster does not need; an existing cluster keeps whatever its operator chose.
 """

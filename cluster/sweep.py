@@ -2,16 +2,20 @@
 search space of run-config keys; each trial is an ordinary training run (cluster/sweep_trial.py).
 
 Order of work, and why:
-1. Read and check the sweep file and build every extreme trial config (cluster/sweep_config.py): a typo costs a
-   second and one line, not a Ray start.
+1. Read and check the sweep file and build every extreme trial config (cluster/sweep_config.py), and check that a
+   trial fits the local Ray it would start (its CPUs and GPUs are known beforehand): a typo or a GPU trial on a
+   CPU machine costs a second and one line, not a Ray start and a sweep that waits forever.
 2. Pin what must not depend on a trial's working folder or node: the data path and the MLflow URI become
    absolute (Tune runs trials in other folders, on other nodes).
-3. Create the MLflow experiment and the parent run in the driver, once (cluster/sweep_tracking.py).
-4. Start or join Ray and run Tune: a fresh experiment under SWEEP_DIR/tune, or, when that folder already holds
-   one, Tuner.restore: finished trials are kept, unfinished and errored ones continue from their own
-   checkpoints. Trials never use ~/ray_results.
-5. Table of trials (printed, SWEEP_DIR/trials.csv), the best trial (printed, SWEEP_DIR/best.json), both logged to
-   the parent run, which then ends FINISHED (KILLED when interrupted, FAILED when no trial produced the metric).
+3. Start or join Ray (with --address: check the trials fit the cluster, now that its resources are known), then
+   create the MLflow experiment (sweep-NAME unless named) and the parent run in the driver, once
+   (cluster/sweep_tracking.py), before any trial.
+4. Run Tune: a fresh experiment under SWEEP_DIR/tune, or, when that folder already holds one, Tuner.restore:
+   finished trials are kept, unfinished and errored ones continue from their own checkpoints. Trials never use
+   ~/ray_results. Tune's own lines about an interruption go to SWEEP_DIR/library.log (memlm prints its own).
+5. Table of trials (printed, SWEEP_DIR/trials.csv) with each trial's status, step and metric from its own run
+   folder, the best finished trial (printed, SWEEP_DIR/best.json), both logged to the parent run, which then ends
+   FINISHED (KILLED when interrupted, FAILED when no trial produced the metric).
 """
 
 from __future__ import annotations
