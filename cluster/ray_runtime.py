@@ -28,6 +28,8 @@ import socket
 import sys
 from collections.abc import Iterator
 
+from trainer.distributed import loopback_comm_env, loopback_single_process
+
 from .errors import ClusterError
 
 LOCAL_HOST = "127.0.0.1"
@@ -180,41 +182,12 @@ def clear_launch_env() -> None:
         os.environ.pop(key, None)
 
 
-def loopback_comm_env() -> dict[str, str]:
-    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming the loopback interface: without them gloo listens on the
-    address the host name resolves to and NCCL on the first non-loopback interface. {} when none is found."""
-    import psutil  # a DeepSpeed and Ray dependency
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and ipaddress.ip_address(a.address).is_loopback for a in addresses):
-            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
-    return {}
-
-
-_rendezvous: dict[str, object] = {}  # this process's loopback socket and torch store (kept open for its life)
-
-
 def single_process_env() -> None:
-    """Make this Ray worker a fresh single training process whose torch rendezvous listens on 127.0.0.1 only.
-
-    torch's TCPStore binds every interface whatever MASTER_ADDR says; a store created with multi_tenant=True
-    on a socket we bound to 127.0.0.1 is the one the process group then uses (torch reuses a multi-tenant
-    store's server for the same host and port in a process). A single process has no peer elsewhere, so
-    gloo and NCCL are kept on loopback too. Launcher variables inherited from a driver are replaced."""
+    """Make this Ray worker a fresh single training process whose torch rendezvous, gloo and NCCL stay on
+    loopback (trainer.distributed.loopback_single_process). Launcher variables inherited from a driver are
+    replaced."""
     clear_launch_env()
-    if not _rendezvous:
-        from torch.distributed import TCPStore
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((LOCAL_HOST, 0))
-        sock.listen()
-        _rendezvous["socket"] = sock
-        _rendezvous["store"] = TCPStore(LOCAL_HOST, sock.getsockname()[1], 1, True, wait_for_workers=False,
-                                        multi_tenant=True, master_listen_fd=sock.fileno())
-    port = _rendezvous["socket"].getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(port))
-    for key, value in loopback_comm_env().items():
-        os.environ.setdefault(key, value)
+    loopback_single_process()
 
 
 @contextlib.contextmanager

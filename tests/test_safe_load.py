@@ -222,17 +222,11 @@ def test_source_audit_yaml_subprocess_and_unpickling():
 
 
 def test_services_bind_loopback_unless_asked(monkeypatch):
-    import ray
-
-    from cluster import ray_runtime
+    """The defaults; the sockets themselves are read from real processes in tests/test_sweep.py (Ray) and
+    tests/test_train_process.py (a plain training run)."""
     from memlm.cli import build_parser
 
     assert build_parser().parse_args(["ui"]).host == "127.0.0.1"
-    seen = {}
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
-    assert ray_runtime.start(num_cpus=1) is True
-    assert seen["_node_ip_address"] == "127.0.0.1" and seen["include_dashboard"] is False
 
     from trainer import distributed
 

@@ -38,9 +38,7 @@ def free_port() -> int:
 def setup_env() -> DistInfo:
     """Fill in the launcher variables for a plain process and choose accelerator and backend. Idempotent."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        loopback_single_process()
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("DEEPSPEED_TIMEOUT", DEFAULT_TIMEOUT_MIN)
     import torch  # after the environment: nothing above needs torch
@@ -52,6 +50,46 @@ def setup_env() -> DistInfo:
         backend, device = "gloo", "cpu"
     return DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
                     backend, device)
+
+
+LOCAL_HOST = "127.0.0.1"
+_rendezvous: dict[str, object] = {}  # this process's loopback socket and torch store (kept open for its life)
+
+
+def loopback_single_process() -> None:
+    """The launcher variables of a single process (rank 0 of 1) whose rendezvous listens on 127.0.0.1 only.
+
+    torch's TCPStore binds every interface whatever MASTER_ADDR says (a plain `memlm train` listened on `*`); a
+    store created with multi_tenant=True on a socket bound to 127.0.0.1 is the one the process group then uses
+    (torch reuses a multi-tenant store's server for the same host and port within a process, so later runs in
+    the same process, tests and Ray trials, share it). A single process has no peer elsewhere, so gloo and NCCL
+    are kept on loopback too (unless the user chose their interfaces)."""
+    if not _rendezvous:
+        from torch.distributed import TCPStore
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((LOCAL_HOST, 0))
+        sock.listen()
+        _rendezvous["socket"] = sock
+        _rendezvous["store"] = TCPStore(LOCAL_HOST, sock.getsockname()[1], 1, True, wait_for_workers=False,
+                                        multi_tenant=True, master_listen_fd=sock.fileno())
+    port = _rendezvous["socket"].getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(port))
+    for key, value in loopback_comm_env().items():
+        os.environ.setdefault(key, value)
+
+
+def loopback_comm_env() -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming the loopback interface: without them gloo listens on the
+    address the host name resolves to and NCCL on the first non-loopback interface. {} when none is found."""
+    import ipaddress
+
+    import psutil  # a DeepSpeed and Ray dependency
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and ipaddress.ip_address(a.address).is_loopback for a in addresses):
+            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    return {}
 
 
 def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
@@ -79,7 +117,46 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
         print(f"memlm: building DeepSpeed's CPU communication op once for this environment (30-60 s; cached in "
               f"{os.environ.get('TORCH_EXTENSIONS_DIR', '~/.cache/torch_extensions')})", file=sys.stderr, flush=True)
     with into_library_log(log_dir):
+        if info.device == "cpu":
+            load_cpu_op()
         deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+
+
+def load_cpu_op() -> None:
+    """Load (building it the first time) DeepSpeed's CPU communication op, as deepspeed.init_distributed would, but
+    never behind a dead process's lock.
+
+    torch's extension loader holds a plain `lock` file in the op's folder while it builds or loads, and every other
+    process waits for that file to go, forever: a process killed in that moment (Ctrl-C during a sweep's trial
+    start) hung every later run on the machine. memlm's loaders therefore load under an flock of their own, which
+    the kernel releases when its holder dies: whoever holds it knows that a `lock` left in memlm's own op cache
+    belongs to a dead process and removes it. DeepSpeed keeps the loaded op, so init_distributed does not load it
+    again. In a TORCH_EXTENSIONS_DIR the user chose, other programs may be building: there the lock is only named
+    in a warning (runtime.warn_stale_build_locks)."""
+    import fcntl
+
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # DeepSpeed will not use it either
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
+    if not cache.name:
+        builder.load()
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".memlm-op-load.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            from .runtime import extension_cache_dir
+
+            stale = cache / builder.name / "lock"
+            if stale.exists() and cache == extension_cache_dir():
+                stale.unlink(missing_ok=True)
+            builder.load()
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def shm_buffer_path(rank: int, env=os.environ) -> Path:
