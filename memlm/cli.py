@@ -328,7 +328,8 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                             "run with one child run per trial")
     p.add_argument("sweep", metavar="SWEEP.yaml")
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value",
-                   help="fixed overrides of the base run config for every trial, e.g. data.path=DATA_DIR")
+                   help="fixed overrides of the base run config for every trial (e.g. data.path=DATA_DIR), or of "
+                        "the sweep file's own keys (e.g. resources.gpus=0 max_concurrent=1)")
     p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--num-samples", type=int, metavar="K", help="trials to sample (default: the sweep file's)")
     p.add_argument("--out", metavar="DIR", help="sweep folder (default sweeps/NAME); a rerun resumes it")
