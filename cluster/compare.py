@@ -91,8 +91,9 @@ def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Pat
         from trainer.config import TrackingConfig
         from trainer.tracking import ensure_experiment
 
+        # Snapshots hold no training metrics: no saved view of them (the run name says when it was taken).
         experiment_id = ensure_experiment(TrackingConfig(experiment=comparison_experiment(found.name), uri=uri),
-                                          client)
+                                          client, view=None)
         tags["memlm.compared_experiment"] = found.name
         run = client.create_run(experiment_id, run_name=f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
         run_id = run.info.run_id

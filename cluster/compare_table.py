@@ -1,5 +1,7 @@
 """The comparison table: one row per training run, columns after the LaMemo paper's Table 1 (#Params, Mem size,
-#FLOPS, dev ppl, test ppl) plus the throughput and length of each run. Pure functions of RunRecords: no MLflow.
+#FLOPS, dev ppl, test ppl) plus the throughput and length of each run, and, when some run has one, its test
+perplexities at other lengths than trained (`memlm eval --mem-mult 4` logs test_ppl_tgt8_mem32: a different
+measurement, never the run's test ppl). Pure functions of RunRecords: no MLflow.
 
     rows = [build_row(record) for record in records]
     to_markdown(rows), to_csv(rows)

@@ -50,7 +50,12 @@ SERVER_ENV = {
 
 class _Stop(BaseException):
     """Raised in the main thread by our SIGINT/SIGTERM handler. A BaseException, like KeyboardInterrupt: no
-    `except Exception` on the way (say, around the experiment links) may swallow a stop request."""
+    `except Exception` on the way (say, around the experiment links) may swallow a stop request. A library that
+    catches BaseException and raises something else in its place (database drivers do) could still turn it into
+    an Exception, so the handler also records the request (_stop_requested) and main checks it after such calls."""
+
+
+_stop_requested = False
 
 
 def main(args: argparse.Namespace) -> int:
@@ -71,6 +76,8 @@ def main(args: argparse.Namespace) -> int:
         raise ClusterError(f"cannot write the server's log {log_path} ({exc.strerror}): run from a folder you "
                            "can write to") from None
     # Handlers first: a Ctrl-C at any moment after the server exists must still reach the clean-up below.
+    global _stop_requested
+    _stop_requested = False
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
     try:
@@ -81,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
             proc = subprocess.Popen(server_command(store, host, port), env={**os.environ, **SERVER_ENV},
                                     start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         links = experiment_links(store, url)  # read from the store while the server starts (seconds under load)
+        if _stop_requested:  # a Ctrl-C inside the store's code, which may have raised something else in its place
+            raise _Stop()
         wait_until_ready(proc, url, log_path)
         print(f"MLflow UI at {url} (store {store}; server log {log_path}); Ctrl-C stops it", flush=True)
         for line in links:
@@ -232,6 +241,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _raise_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    global _stop_requested
+    _stop_requested = True
     raise _Stop()
 
 

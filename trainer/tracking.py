@@ -19,7 +19,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from .config import RunConfig, TrackingConfig, flatten
@@ -45,9 +45,18 @@ EXPERIMENT_KIND = "custom_model_development"
 # that tell runs apart, and `memlm ui` links to it. A user may edit or overwrite it in the UI; memlm never replaces it.
 RUNS_VIEW_KEY = "memlm"
 RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
-RUNS_VIEW_NAME = "memlm: training metrics"
 RUNS_VIEW_COLUMNS = ("metrics.`valid_ppl`", "metrics.`test_ppl`", "metrics.`loss`", "metrics.`tokens`",
                      "metrics.`tokens_per_s`", "tags.`arch`", "tags.`tokenizer`", "attributes.`Duration`")
+
+
+class RunsView(NamedTuple):
+    """A saved view of an experiment's runs table: its name in the UI's list of views, the columns it shows."""
+
+    name: str
+    columns: tuple[str, ...]
+
+
+TRAINING_VIEW = RunsView("memlm: training metrics", RUNS_VIEW_COLUMNS)
 
 _ENV_DEFAULTS = {
     # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
@@ -253,9 +262,10 @@ def open_client(uri: str) -> Any:
     return client
 
 
-def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
-    """The id of cfg.experiment, created if missing (and tagged to open on its runs in the UI). A fresh SQLite
-    store is created under open_client's lock; still, a driver starting parallel trials calls this first."""
+def ensure_experiment(cfg: TrackingConfig, client: Any = None, view: RunsView | None = TRAINING_VIEW) -> str:
+    """The id of cfg.experiment, created if missing (and tagged to open on its runs in the UI, with `view` saved
+    for its runs table; None: no view). A fresh SQLite store is created under open_client's lock; still, a driver
+    starting parallel trials calls this first."""
     from mlflow.exceptions import MlflowException
 
     uri = cfg.resolved_uri()
@@ -265,7 +275,7 @@ def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
         if found.lifecycle_stage == "deleted":  # deleted in the UI: runs cannot be created in it until restored
             client.restore_experiment(found.experiment_id)
         # Made by an older memlm or by hand: add what is missing; a user's own choice stays.
-        for key, value in experiment_tags().items():
+        for key, value in experiment_tags(view).items():
             if key not in found.tags:
                 client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
@@ -275,19 +285,24 @@ def ensure_experiment(cfg: TrackingConfig, client: Any = None) -> str:
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     try:
-        return client.create_experiment(cfg.experiment, artifact_location=location, tags=experiment_tags())
+        return client.create_experiment(cfg.experiment, artifact_location=location,
+                                        tags=experiment_tags(view))
     except MlflowException as exc:  # another process created it between our two calls
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(cfg.experiment).experiment_id
 
 
-def experiment_tags() -> dict[str, str]:
-    """The tags of an experiment memlm creates: open on the runs table, with memlm's saved view of it."""
-    now = int(time.time() * 1000)
-    state = {"selectedColumns": list(RUNS_VIEW_COLUMNS)}
-    view = {"name": RUNS_VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
-    return {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, RUNS_VIEW_TAG: json.dumps(view)}
+def experiment_tags(view: RunsView | None = TRAINING_VIEW) -> dict[str, str]:
+    """The tags of an experiment memlm creates: open on the runs table, with `view` of it saved (column keys as
+    MLflow's UI writes them: "metrics.`loss`", "tags.`arch`", "attributes.`Duration`")."""
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    if view is not None:
+        now = int(time.time() * 1000)
+        state = {"selectedColumns": list(view.columns)}
+        envelope = {"name": view.name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+        tags[RUNS_VIEW_TAG] = json.dumps(envelope)
+    return tags
 
 
 def default_run_label(arch: str, run_dir: Path) -> str:
