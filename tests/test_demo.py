@@ -44,12 +44,14 @@ def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
         assert abs(float(m.group(1)) - (rows[arch][3] - rows["transformer"][3])) < 2e-3
     results = json.loads((tmp_path / "runs/demo/results.json").read_text())
     assert {r["tokens"] for r in results} == {3 * 8 * 64}  # equal tokens: one number for every arch
+    from mlflow import MlflowClient
+
     from memlm.invocation import memlm_command
 
-    assert f"{memlm_command()} ui   (http://127.0.0.1:5000)" in out
+    exp_id = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("memlm-demo")
+    view = f"http://127.0.0.1:5000/#/experiments/{exp_id.experiment_id}/runs?viewStateShareKey=memlm"
+    assert f"{memlm_command()} ui   (then {view})" in out  # memlm's saved view of the runs table
     assert f"{memlm_command()} compare --experiment memlm-demo" in out
-
-    from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("memlm-demo")

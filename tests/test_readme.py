@@ -1,27 +1,39 @@
-"""The README drives this test: every command of its quick start and of "Training and evaluation", in order, as a
-user types them, in a scratch copy of the repository.
+"""The README drives this test: every command of every ```bash block and every ```python block, top to bottom, as
+a user types them, in a scratch copy of the repository, in one shell.
 
-Only what a CI machine cannot do as written is substituted, each substitution listed in SUBSTITUTIONS:
-- `bash scripts/test.sh` is skipped: it is the command running this test;
+Only what a CI machine cannot do as written is changed, each change listed here:
+- SKIPPED commands do not run (each with its reason: the command running this test, a cluster, hours of training,
+  a server that runs until Ctrl-C); a SKIPPED entry that matches no README command fails the test, so the list
+  cannot go stale;
+- SUBSTITUTIONS replace text in the commands: `../shared/data/wikitext-2` becomes a small WikiText-format folder
+  written here, whose word vocabulary is exactly WikiText-2's 33,278 ids, so `model.vocab_size=33278` stands as
+  written (the real test split takes a tiny model over a minute to evaluate on 2 cores); the extrapolation's
+  `--mult 1-10` becomes `--mult 1,2,10` (the shortest and the longest memory, 6 Ray tasks instead of 20);
 - the demo runs `--steps 3` (its default trains for minutes) and does not reinstall: MEMLM_SKIP_INSTALL=1 makes
   scripts/install.sh a no-op, and the scratch copy's `.venv` is a symlink to this checkout's (reinstalling there
-  would re-point the editable install at the copy, and needs a package registry the offline tests do not have);
-- `../shared/data/wikitext-2` is replaced by a small WikiText-format folder written here, whose word vocabulary is
-  exactly WikiText-2's 33,278 ids, so `model.vocab_size=33278` stands as written (the real test split takes a
-  tiny model over a minute to evaluate on 2 cores).
+  would re-point the editable install at the copy, and needs a package registry the offline tests do not have).
 The commands run in one bash process with `set -e`, so `source .venv/bin/activate` carries to the lines after it,
-and with `.venv/bin` removed from PATH first: a README that forgets how memlm gets on the PATH fails here. The
-test fails on a non-zero exit, a Python traceback in the output, or a NaN or infinity in any JSON they write.
-About 2-3 minutes on 2 cores (the demo ~1 minute, the 2-rank launches most of the rest).
+and with `.venv/bin` removed from PATH first: a README that forgets how memlm gets on the PATH fails here. A python
+block runs as `python FILE` at its place in the sequence. DS_ACCELERATOR is left unset, as on a user's machine.
+
+The test fails on a non-zero exit, a Python traceback, a NaN or infinity in any JSON the commands write, library
+noise on the console (NOISE), and where what a user reads differs from what the README promises: the Models
+snippet's output, the tables `memlm compare` prints (the test ppl that `memlm eval` just logged, the evaluation at
+4x memory in its own column, run names that tell runs apart) and `memlm analyze`'s lines in the README's form.
+Cost, measured on a shared 2-core machine at load average 6: about 9 1/2 minutes, of which the quick start and
+"Training and evaluation" (all this test ran before) 5 1/2; the 2-rank launches and the sweep take about 2 minutes
+each, the demo and the first training about 1 minute each, the 17 other commands 2 minutes together.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,37 +41,54 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("", "Training and evaluation")  # "": the quick start, before the first "## " heading
 WIKITEXT_VOCAB = 33_278  # WikiText-2's word vocabulary, as the README's model.vocab_size says
-SKIPPED = ("bash scripts/test.sh",)
+SKIPPED = {
+    "bash scripts/test.sh": "the command running this test",
+    "memlm sweep configs/sweep_lamemo_table5.yaml": "WikiText-103 and a GPU per trial",
+    "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
+    "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
+    "memlm ui": "serves until Ctrl-C (tests/test_ui.py starts and stops it)",
+    "python bench/": "hours of training (tests/test_reproduce.py runs the experiments' smoke versions)",
+}
 DEMO = "bash scripts/demo.sh"
 DEMO_STEPS = "--steps 3"  # replaces any --steps N the README gives the demo
-SUBSTITUTIONS = {"../shared/data/wikitext-2": "{wikitext}"}
+SUBSTITUTIONS = {"../shared/data/wikitext-2": "{wikitext}", "--mult 1-10": "--mult 1,2,10"}
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-               "MLFLOW_TRACKING_URI", "VIRTUAL_ENV", "TORCHELASTIC_RUN_ID")
+               "MLFLOW_TRACKING_URI", "VIRTUAL_ENV", "TORCHELASTIC_RUN_ID", "DS_ACCELERATOR")
+# What libraries print that a user must not see on the console (memlm sends it to the run's library.log):
+# DeepSpeed's accelerator guess at import, MLflow's INFO lines and run links, uvicorn's request log.
+NOISE = {
+    "DeepSpeed's accelerator warning": re.compile(r"Setting accelerator to CPU"),
+    "MLflow INFO lines": re.compile(r"INFO mlflow|Creating initial MLflow database tables"),
+    "MLflow run links": re.compile(r"View run .* at: |View experiment at: "),
+    "uvicorn's request log": re.compile(r'"GET /[^"]*" \d{3}'),
+}
+# DeepSpeed's own launcher imports DeepSpeed before any memlm code runs: its accelerator guess is not ours to route.
+NOISE_EXEMPT = {"deepspeed ": ("DeepSpeed's accelerator warning",)}
+MARK = "### README: "
 
 
-def readme_commands(text: str) -> list[str]:
-    """The command lines of the ```bash blocks of SECTIONS, in order (comments and blank lines dropped)."""
-    sections: dict[str, str] = {}
-    title = ""
-    for line in text.splitlines(keepends=True):
-        if line.startswith("## "):
-            title = line[3:].strip()
-        sections[title] = sections.get(title, "") + line
-    commands = []
-    for name in SECTIONS:
-        assert name in sections, f"README has no section {name!r}"
-        for block in re.findall(r"```bash\n(.*?)```", sections[name], flags=re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                if line.strip() and not line.lstrip().startswith("#"):
-                    commands.append(line.strip())
-    return commands
+def readme_blocks(text: str) -> list[tuple[str, str]]:
+    """(kind, code) in README order: ("bash", one command line) for each line of a ```bash block (comments, blank
+    lines and continuations joined), ("python", the whole block) for a ```python block."""
+    found = []
+    for kind, block in re.findall(r"^```(bash|python)\n(.*?)^```", text, flags=re.S | re.M):
+        if kind == "python":
+            found.append(("python", block))
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                found.append(("bash", line.strip()))
+    return found
+
+
+def skip_reason(command: str) -> str | None:
+    return next((why for prefix, why in SKIPPED.items() if command.startswith(prefix)), None)
 
 
 def substitute(command: str, wikitext: Path) -> str | None:
     """The command as run here (None: skipped); see the module docstring."""
-    if any(command.startswith(s) for s in SKIPPED):
+    if skip_reason(command):
         return None
     code = code_of(command)
     for old, new in SUBSTITUTIONS.items():
@@ -72,6 +101,23 @@ def substitute(command: str, wikitext: Path) -> str | None:
 def code_of(command: str) -> str:
     """The command without its trailing comment (the README sets comments off by two spaces or more)."""
     return re.split(r"\s{2,}#", command, maxsplit=1)[0].strip()
+
+
+def script_lines(blocks: list[tuple[str, str]], wikitext: Path, folder: Path) -> tuple[list[str], list[str]]:
+    """(bash lines, the commands they run): each command echoed after MARK first, python blocks as files."""
+    lines, ran = ["set -euo pipefail"], []
+    for i, (kind, code) in enumerate(blocks):
+        if kind == "python":
+            path = folder / f"readme_block_{i}.py"
+            path.write_text(code)
+            command = f"python {path}"
+        else:
+            command = substitute(code, wikitext)
+            if command is None:
+                continue
+        lines += [f"echo {shlex.quote(MARK + command)}", command]  # quoted: the echo expands nothing
+        ran.append(command)
+    return lines, ran
 
 
 def write_wikitext(folder: Path, vocab: int = WIKITEXT_VOCAB) -> Path:
@@ -117,27 +163,89 @@ def non_finite(value, where: str = "") -> list[str]:
     return []
 
 
+def outputs_by_command(output: str) -> list[tuple[str, str]]:
+    """[(command, what it printed)] from the script's output, split at the MARK lines."""
+    parts = re.split(rf"^{re.escape(MARK)}(.*)$", output, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+def noise_in(pieces: list[tuple[str, str]]) -> list[str]:
+    found = []
+    for command, printed in pieces:
+        exempt = next((names for prefix, names in NOISE_EXEMPT.items() if command.startswith(prefix)), ())
+        for name, pattern in NOISE.items():
+            match = pattern.search(printed)
+            if match and name not in exempt:
+                found.append(f"{name} from `{command}`: {printed[match.start():match.start() + 150]!r}")
+    return found
+
+
+def markdown_rows(table: str) -> dict[str, dict[str, str]]:
+    """A printed `memlm compare` table as {run: {header: cell}}."""
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[1:]]
+    return {row["run"]: row for row in rows}
+
+
+def readme_output_pattern(line: str) -> re.Pattern:
+    """A line the README shows as output, as a pattern its numbers may differ in (a 3-step demo is not the
+    README's 3,000-step one): "27%" matches "31%", "0.068" matches "0.104"."""
+    return re.compile(re.sub(r"\d+", r"\\d+", re.escape(line.strip())))
+
+
 def test_commands_are_found_and_substituted():
     """The extraction itself: the commands a newcomer types, and only the documented substitutions."""
-    commands = readme_commands((ROOT / "README.md").read_text())
+    blocks = readme_blocks((ROOT / "README.md").read_text())
+    commands = [code for kind, code in blocks if kind == "bash"]
     codes = [code_of(c) for c in commands]
     assert codes[0].startswith(DEMO) and codes[1:3] == ["bash scripts/test.sh", "source .venv/bin/activate"], codes
-    programs = [c.split()[0] for c in codes] + [" ".join(c.split()[:2]) for c in codes]
-    for expected in ("memlm prepare", "memlm train", "memlm eval", "torchrun", "deepspeed", "memlm compare"):
+    assert [kind for kind, _ in blocks].count("python") >= 1  # the Models snippet
+    programs = {c.split()[0] for c in codes} | {" ".join(c.split()[:2]) for c in codes}
+    for expected in ("memlm prepare", "memlm train", "memlm eval", "torchrun", "deepspeed", "memlm compare",
+                     "memlm sweep", "memlm extrapolate", "memlm generate", "memlm analyze", "memlm config"):
         assert expected in programs, (expected, commands)
+    for prefix in SKIPPED:  # a skip that no longer matches a README line is stale
+        assert any(c.startswith(prefix) for c in commands), f"SKIPPED {prefix!r} matches no README command"
     run = [substitute(c, Path("/W")) for c in commands]
     assert run[1] is None and run[0].startswith(DEMO) and run[0].endswith(DEMO_STEPS) and run[0].count("--steps") == 1
     assert all("../shared" not in c for c in run if c) and sum("/W" in c for c in run if c) == 1
+    # Nothing the README runs twice may write the same output twice (prepare refuses a filled --out).
+    outs = [m.group(1) for c in run if c and c.startswith("memlm prepare") for m in [re.search(r"--out (\S+)", c)]]
+    assert len(outs) == len(set(outs)), outs
+
+
+def test_noise_and_table_readers_catch_what_they_are_for():
+    """The checks below can fail: each noise pattern is caught in a command's output, the exemption only
+    for DeepSpeed's launcher and only for its accelerator line."""
+    accelerator = "[WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU"
+    pieces = outputs_by_command(f"{MARK}memlm eval runs/x\n{accelerator}\n"
+                                f"{MARK}deepspeed --num_gpus 2 x\n{accelerator}\n"
+                                f"{MARK}memlm train x\n🏃 View run x at: http://127.0.0.1:5000/#/experiments/1\n"
+                                f"{MARK}memlm demo\n2026/11/25 13:37:45 INFO mlflow.store.db.utils: Creating initial\n"
+                                f'{MARK}memlm ui\nINFO:     127.0.0.1:60336 - "GET / HTTP/1.1" 200 OK\n')
+    found = noise_in(pieces)
+    assert len(found) == 4 and "`deepspeed" not in " ".join(found), found
+    rows = markdown_rows("| run | test ppl |\n|---|---|\n| lamemo-3f9a2c | 12.50 |\n")
+    assert rows == {"lamemo-3f9a2c": {"run": "lamemo-3f9a2c", "test ppl": "12.50"}}
+    pattern = readme_output_pattern("  layer 0: attention on the memory 27%; mean max attention weight  memory 0.068")
+    assert pattern.search("  layer 0: attention on the memory 5%; mean max attention weight  memory 0.104")
+    assert not pattern.search("  layer 0: mean max attention weight  memory 0.068")
+
+
+def _compare_rows(folder: Path) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """(Markdown rows by run name, CSV rows by run id) of a `memlm compare` output folder."""
+    with open(folder / "table.csv", newline="") as f:
+        by_id = {row["run_id"]: row for row in csv.DictReader(f)}
+    return markdown_rows((folder / "table.md").read_text()), by_id
 
 
 @pytest.mark.xdist_group("readme")
 def test_readme_commands_run_as_written(tmp_path):
     clone = scratch_clone(tmp_path)
     wikitext = write_wikitext(tmp_path / "wikitext-2")
-    commands = [substitute(c, wikitext) for c in readme_commands((clone / "README.md").read_text())]
-    lines = ["set -euo pipefail"]
-    for command in filter(None, commands):
-        lines += [f"echo {json.dumps('### README: ' + command)}", command]
+    readme = (clone / "README.md").read_text()
+    lines, ran = script_lines(readme_blocks(readme), wikitext, tmp_path)
     script = tmp_path / "readme.sh"
     script.write_text("\n".join(lines) + "\n")
 
@@ -145,26 +253,60 @@ def test_readme_commands_run_as_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if p and Path(p).resolve() != Path(venv_bin).resolve())
-    env.update(MEMLM_SKIP_INSTALL="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env.update(MEMLM_SKIP_INSTALL="1", OMP_NUM_THREADS="1")
+    import torch
+
+    if torch.cuda.is_available():  # a developer's GPU machine: the README's 2-rank CPU launches stay on CPU
+        env["DS_ACCELERATOR"] = "cpu"
     log = tmp_path / "readme.log"
     with log.open("w") as out:
         proc = subprocess.run(["bash", str(script)], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=1200)
+                              timeout=1500)
     output = log.read_text(errors="replace")
-    ran = [line for line in output.splitlines() if line.startswith("### README: ")]
-    assert proc.returncode == 0, f"{ran[-1] if ran else 'the first command'} failed ({proc.returncode}):\n" + \
-        output[-6000:]
-    assert len(ran) == sum(c is not None for c in commands)
+    pieces = outputs_by_command(output)
+    assert proc.returncode == 0, f"{pieces[-1][0] if pieces else 'the first command'} failed ({proc.returncode}):\n" \
+        + output[-6000:]
+    assert [command for command, _ in pieces] == ran
     assert "Traceback (most recent call last)" not in output, output[-6000:]
     bad = {}
     for path in clone.rglob("*.json"):
-        if ".venv" in path.parts:
+        if ".venv" in path.parts or "tune" in path.parts:  # Ray Tune's own state: pickles and JSON lines
             continue
         found = non_finite(json.loads(path.read_text()))
         if found:
             bad[str(path.relative_to(clone))] = found
     assert not bad, bad
-    # What the training section promises: eval's JSON, and compare's table of the three tracked runs.
-    assert list((clone / "runs" / "lamemo" / "eval").glob("test-*.json"))
-    table = (clone / "compare" / "tiny" / "table.md").read_text()
-    assert all(f"| {name} |" in table for name in ("lamemo", "txl", "txl-ds")), table
+    assert not noise_in(pieces), noise_in(pieces)
+    printed = dict(pieces)
+
+    # Models: the snippet runs and prints the [B, N] per-token NLL's shape.
+    snippet = next(command for command in ran if command.startswith("python "))
+    assert "torch.Size([4, 8])" in printed[snippet], printed[snippet]
+
+    # Training and evaluation: compare's first table shows the 4x-memory evaluation in its own column, labelled.
+    lamemo_id = (clone / "runs" / "lamemo" / "mlflow_run_id").read_text().strip()
+    at_4x = json.loads(next((clone / "runs" / "lamemo" / "eval").glob("test-*-tgt8-mem32.json")).read_text())
+    first, by_id = _compare_rows(clone / "compare" / "tiny")
+    name = by_id[lamemo_id]["run"]
+    assert re.fullmatch(rf"lamemo-{lamemo_id[:6]}", name), name  # arch (the folder's name) + the run id's start
+    assert first[name]["test ppl"] == "" and first[name]["test ppl, other lengths"] == f"{at_4x['ppl']:.2f} (N=8 M=32)"
+    trained = {(clone / "runs" / d / "mlflow_run_id").read_text().strip() for d in ("lamemo", "txl", "txl-ds")}
+    assert trained <= set(by_id) and len({by_id[i]["run"] for i in trained}) == 3  # three rows, three names
+    # Comparing runs: after the as-trained evaluation the table's test ppl is the one eval logged, the 4x one stays.
+    as_trained = json.loads((clone / "runs" / "lamemo" / "eval" / "test-step20-tgt8-mem8.json").read_text())
+    second, _ = _compare_rows(clone / "results" / "tiny")
+    assert second[name]["test ppl"] == f"{as_trained['ppl']:.2f}"
+    assert second[name]["test ppl, other lengths"] == first[name]["test ppl, other lengths"]
+    demo, demo_by_id = _compare_rows(clone / "compare" / "memlm-demo")
+    assert len(demo) == len(demo_by_id) == 3 and all(re.fullmatch(r"demo-(transformer|txl|lamemo)-stdlib-bytes-"
+                                                                  r"[0-9a-f]{6}", run) for run in demo), list(demo)
+
+    # Generation and analysis: analyze prints the lines the README shows, and its percentages are the JSON's.
+    shown = re.search(r"the two `analyze` commands print.*?```text\n(.*?)```", readme, flags=re.S).group(1)
+    analyzed = "".join(text for command, text in pieces if command.startswith("memlm analyze"))
+    for line in shown.splitlines():
+        assert readme_output_pattern(line).search(analyzed), (line, analyzed)
+    for arch in ("txl", "lamemo"):
+        result = json.loads((clone / "runs" / "demo" / "runs" / arch / "analysis" / "analysis-test.json").read_text())
+        for layer, mass in enumerate(result["attention_intervals"]["memory_mass"]):
+            assert f"layer {layer}: attention on the memory {100 * mass:.0f}%" in analyzed

@@ -302,7 +302,7 @@ def main(args) -> int:
     from .tracking import ensure_experiment
 
     route_library_loggers(out)  # "Creating initial MLflow database tables" and the like: OUT/library.log
-    ensure_experiment(demo_config(archs[0], data, vocab, steps, lr).tracking)  # once, before the parallel runs
+    experiment_id = ensure_experiment(demo_config(archs[0], data, vocab, steps, lr).tracking)  # before the runs
     try:
         train_seconds = train_all(out, trees)
     except DemoError as err:
@@ -340,7 +340,10 @@ def main(args) -> int:
         store = _relative_sqlite(uri)
         flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default
         command = memlm_command()
-        print(f"  browse it: {command} ui{flag}   (http://127.0.0.1:5000)")
+        from .tracking import RUNS_VIEW_KEY
+
+        view = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}"
+        print(f"  browse it: {command} ui{flag}   (then {view})")
         print(f"  compare:   {command} compare --experiment {DEMO_EXPERIMENT}{flag}")
         if activation_hint():
             print(f"  {activation_hint()}")
