@@ -135,7 +135,7 @@ class TrackingConfig:
     enabled: bool = True
     experiment: str = "memlm"
     uri: str = ""  # empty: $MLFLOW_TRACKING_URI, else a SQLite file mlflow.db in the working folder
-    run_name: str = ""  # empty: the run folder's name
+    run_name: str = ""  # empty: the folder's name (led by the arch) plus the MLflow run id's first 6 characters
     parent_run_id: str = ""  # an MLflow run to nest this one under (a sweep's parent run); empty: top level
 
     def validate(self) -> "TrackingConfig":
