@@ -27,6 +27,11 @@ _QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
+# The columns an extrapolation run fills (it has no training metrics) in the experiment's saved runs view.
+EXTRAPOLATION_VIEW_COLUMNS = ("metrics.`extrapolate_ppl`", "metrics.`extrapolate_nll`", "metrics.`mem_len`",
+                              "tags.`arch`", "tags.`run_dir`")
+
+
 def open_experiment(experiment: str, uri: str | None) -> tuple[Any, str, str]:
     """(client, experiment id, resolved URI), creating the experiment now: before Ray and before any task."""
     for key, value in _QUIET.items():
@@ -34,13 +39,14 @@ def open_experiment(experiment: str, uri: str | None) -> tuple[Any, str, str]:
     from mlflow import MlflowClient
 
     from trainer.config import TrackingConfig
-    from trainer.tracking import ensure_experiment
+    from trainer.tracking import RunsView, ensure_experiment
 
     cfg = TrackingConfig(experiment=experiment, uri=uri or "")
     resolved = cfg.resolved_uri()
     try:
         client = MlflowClient(tracking_uri=resolved)
-        return client, ensure_experiment(cfg, client), resolved
+        view = RunsView("memlm: extrapolation", EXTRAPOLATION_VIEW_COLUMNS)
+        return client, ensure_experiment(cfg, client, view), resolved
     except Exception as exc:  # noqa: BLE001 - any store problem is the user's to fix: say which store
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ClusterError(f"cannot use the MLflow store {resolved} ({first}); "

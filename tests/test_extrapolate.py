@@ -97,6 +97,8 @@ def test_two_runs_one_result_per_run_and_m(setup, tmp_path, capsys):
 
     client = MlflowClient(tracking_uri=setup["uri"])
     exp = client.get_experiment_by_name("extrap-two")
+    view = json.loads(json.loads(exp.tags["mlflow.sharedViewState.memlm"])["state"])  # the UI's saved runs view
+    assert "metrics.`extrapolate_ppl`" in view["selectedColumns"] and "metrics.`loss`" not in view["selectedColumns"]
     found = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
     assert set(found) == {"txl", "lamemo"}
     train_id = (setup["runs"]["txl"] / "mlflow_run_id").read_text().strip()
