@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import socket
 import sys
 from collections.abc import Iterator
 

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from memlm.cli import main
-from train_support import (REPO, child_env, losses, make_data, metrics, overrides, preset, torchrun,
-                           train_in_process)
+from train_support import (REPO, child_env, eval_signalled, losses, make_data, metrics, overrides, preset,
+                           torchrun, train_in_process)
 
 pytestmark = [pytest.mark.kill_matrix, pytest.mark.xdist_group("kill_matrix")]  # one worker: shared references
 
@@ -160,20 +160,7 @@ def test_memlm_eval_killed_mid_evaluation_leaves_nothing_and_reruns_exactly(refe
     assert main(["eval", str(ref), "--json", str(tmp_path / "want.json")]) == 0
     want = json.loads((tmp_path / "want.json").read_text())
     target = tmp_path / "got.json"
-    script = ("import os, signal, sys\n"
-              "import trainer.evaluate as ev\n"
-              "class Dying(ev.LaneStream):\n"
-              "    served = 0\n"
-              "    def __next__(self):\n"
-              "        Dying.served += 1\n"
-              "        if Dying.served == 3:\n"
-              "            os.kill(os.getpid(), signal.SIGKILL)\n"
-              "        return super().__next__()\n"
-              "ev.LaneStream = Dying\n"
-              "from memlm.cli import main\n"
-              f"sys.exit(main(['eval', {str(ref)!r}, '--json', {str(target)!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = eval_signalled(ref, target, "SIGKILL")
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not target.exists() and not list(tmp_path.glob(".got.json.tmp-*"))
     assert main(["eval", str(ref), "--json", str(target)]) == 0

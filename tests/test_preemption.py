@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from memlm.cli import main
-from train_support import REPO, child_env, make_data, metrics, overrides, preset
+from train_support import REPO, child_env, eval_signalled, make_data, metrics, overrides, preset
 
 pytestmark = pytest.mark.slow
 
@@ -79,20 +79,7 @@ def test_ctrl_c_during_memlm_eval_is_one_line_and_exit_130(data, tmp_path):
     run = tmp_path / "run"
     assert main(["train", preset("txl"), *overrides(data, train__steps=2), "--out", str(run)]) == 0
     target = tmp_path / "result.json"
-    script = ("import os, signal, sys\n"
-              "import trainer.evaluate as ev\n"
-              "class Interrupted(ev.LaneStream):\n"
-              "    served = 0\n"
-              "    def __next__(self):\n"
-              "        Interrupted.served += 1\n"
-              "        if Interrupted.served == 3:\n"
-              "            os.kill(os.getpid(), signal.SIGINT)\n"
-              "        return super().__next__()\n"
-              "ev.LaneStream = Interrupted\n"
-              "from memlm.cli import main\n"
-              f"sys.exit(main(['eval', {str(run)!r}, '--json', {str(target)!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = eval_signalled(run, target, "SIGINT")
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert memlm_lines(proc.stderr)[-1] == "memlm eval: interrupted (Ctrl-C)"
     assert not target.exists()

@@ -90,3 +90,22 @@ def metrics(run_dir: Path) -> list[dict]:
 def losses(run_dir: Path) -> dict[int, float]:
     """step -> loss; a resumed run appends to metrics.jsonl, so later lines win for a repeated step."""
     return {row["step"]: row["loss"] for row in metrics(run_dir)}
+
+
+def eval_signalled(run_dir: Path, target: Path, signal_name: str, at_batch: int = 3) -> subprocess.CompletedProcess:
+    """`memlm eval RUN_DIR --json TARGET` in a subprocess whose evaluation stream sends its own process
+    `signal_name` ("SIGKILL", "SIGINT") when batch `at_batch` is read: a kill or a Ctrl-C at a known point."""
+    script = ("import os, signal, sys\n"
+              "import trainer.evaluate as ev\n"
+              "class Signalled(ev.LaneStream):\n"
+              "    served = 0\n"
+              "    def __next__(self):\n"
+              "        Signalled.served += 1\n"
+              f"        if Signalled.served == {at_batch}:\n"
+              f"            os.kill(os.getpid(), signal.{signal_name})\n"
+              "        return super().__next__()\n"
+              "ev.LaneStream = Signalled\n"
+              "from memlm.cli import main\n"
+              f"sys.exit(main(['eval', {str(run_dir)!r}, '--json', {str(target)!r}]))\n")
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=300)

@@ -26,7 +26,6 @@ Re-running with the same OUT replaces the corpus, data and run folders this demo
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess

@@ -168,7 +168,6 @@ class Tracker:
             self._metrics.clear()
 
     def _start(self, cfg: TrackingConfig, run_dir: Path, config: RunConfig) -> None:
-        from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
         from .quiet import route_library_loggers
