@@ -12,12 +12,13 @@ functions after `prepare_process` (the thread choice every memlm command makes, 
 Settings:
   old    what memlm did before: one thread per core it owns, fixed (the worker never calls refit_threads);
   new    what memlm does now: the same choice, following the load (trainer.runtime.refit_threads once per
-         iteration: before each training step, between evaluate() calls of --eval-batches batches);
+         iteration, as the trainer does per step: before each training step, between evaluate() calls of
+         --eval-batches batches, and per batch inside evaluate() where it calls it itself);
   one    OMP_NUM_THREADS=1 (the workaround users found).
   For exploring, the old count with OpenMP's waiting changed before torch loads: `passive`
   (OMP_WAIT_POLICY=PASSIVE) and `spin=N` (GOMP_SPINCOUNT=N; libgomp's default is 300,000, ~10 ms here).
-Sharing: `idle` (nothing started beside it; the machine may still be busy with other users: see the load
-average), `pinned` (a `while True: pass` process pinned to the last core of this process's affinity mask),
+Sharing: `idle` (nothing started beside it; the machine may still be busy with other users: see
+`others_before`), `pinned` (a `while True: pass` process pinned to the last core of this process's affinity mask),
 `unpinned` (the same busy loop, placed by the kernel).
 
 Runs are interleaved: every repetition runs every (sharing, setting) pair, in an order rotated per repetition.
@@ -25,7 +26,7 @@ Each run warms up, then times whole iterations for --secs of wall time (at least
 use by other processes is measured for a second (/proc/stat, as refit_threads does: `others_before`, in cores;
 the 1-minute load average too); --quiet-wait S waits up to S seconds for others_before < 0.15 before an idle run,
 so that an "idle" baseline on a shared machine is idle. Reported per workload, sharing and setting: the median
-tokens/s over repetitions with each run's figure, thread lines and load; slowdown = median idle tokens/s / median
+tokens/s over repetitions with each run's figure, thread lines, timed iterations per thread count and load; slowdown = median idle tokens/s / median
 shared tokens/s of the same setting; paired = the median over repetitions of tokens/s against the old setting's
 run of the same repetition and sharing (runs minutes apart on a shared machine differ more than that).
 Never part of the test suite.
@@ -48,9 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"
-THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from bench_trainer import LAUNCH_VARS, WIKITEXT, BareLoop, collect_batches, prepare_corpus  # noqa: E402
+
+# Left out of every worker's environment: the thread and waiting choices are the settings' to make.
+DROPPED_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "LOCAL_SIZE", *LAUNCH_VARS)
 BUSY_LOOP = "while True: pass"
 QUIET = 0.15  # cores busy with other work below which the machine counts as idle
 
@@ -79,8 +81,6 @@ def eval_workload(data: Path, batches: int):
 
 def train_workload(data: Path, _batches: int):
     """One call: one bare training step of bench_trainer's model (its BareLoop)."""
-    from bench_trainer import BareLoop, collect_batches
-
     shape = argparse.Namespace(batch=8, log_every=1)
     loop = BareLoop(shape, data, "txl", collect_batches(shape, data, 8))
 
@@ -100,22 +100,27 @@ def worker(args) -> None:
     make, corpus = WORKLOADS[args.worker]
     work = make(Path(args.data) / corpus, args.eval_batches)
 
+    import torch
+
+    used: dict[int, int] = {}  # timed iterations per thread count
+
     def step() -> int:
         if not args.old:
             refit_threads()
+        threads = torch.get_num_threads()
+        used[threads] = used.get(threads, 0) + 1
         return work()
     for _ in range(args.warmup):
         step()
+    used.clear()
     tokens, started = 0, time.perf_counter()
     while True:
         tokens += step()
         elapsed = time.perf_counter() - started
         if elapsed >= args.secs:
             break
-    import torch
-
     print(json.dumps({"tokens_per_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed,
-                      "threads_chosen": choice.threads, "threads_at_end": torch.get_num_threads()}), flush=True)
+                      "threads_chosen": choice.threads, "iterations_by_threads": used}), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,7 +128,6 @@ def worker(args) -> None:
 
 
 def prepare_data(folder: Path) -> Path:
-    from bench_trainer import prepare_corpus
     from data_pipeline.prepare import prepare
 
     if not (WIKITEXT / "wiki.test.tokens").is_file():
@@ -137,7 +141,7 @@ def prepare_data(folder: Path) -> Path:
 
 def setting_env(setting: str) -> tuple[dict, list[str]]:
     """The worker's environment and extra flags for one setting (the user's thread variables removed first)."""
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k not in LAUNCH_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_VARS}
     env["PYTHONPATH"] = str(ROOT)
     if setting == "one":
         env["OMP_NUM_THREADS"] = "1"

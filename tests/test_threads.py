@@ -103,10 +103,13 @@ class Readings:
 def test_the_follower_steps_down_at_once_and_back_up_after_a_quiet_while(capsys):
     r = Readings()
     follower = r.follower()
-    r.advance(0.5, others=1.0, own=2.0)
+    r.advance(runtime.FIRST_POLL_SECONDS / 2, others=1.0, own=2.0)
     assert follower.poll() == 2 and r.set == []  # not due yet: a clock read only
-    r.advance(0.5, others=1.0, own=1.0)
+    r.advance(runtime.FIRST_POLL_SECONDS / 2, others=1.0, own=0.0)
     assert follower.poll() == 1 and r.set == [1]  # a busy process beside it: down at the first measurement
+    assert follower.others == pytest.approx(1.0)
+    r.advance(runtime.POLL_SECONDS / 2, others=0.0, own=1.0)
+    follower.poll()  # the next measurements come a second apart
     assert follower.others == pytest.approx(1.0)
     for _ in range(runtime.RAISE_AFTER - 1):
         r.advance(1.0, others=0.0, own=1.0)

@@ -16,15 +16,17 @@ at least 1, and says which once per process on stderr.
 
 Following the load. A count chosen at start cannot know what starts beside it later. OpenMP's threads (libgomp
 in torch's wheels) spin ~10 ms (300,000 iterations) at each barrier before they sleep, so one busy single-threaded
-process on one of 2 cores made a 2-thread `memlm eval` 10-20x slower: the thread that shares its core spins
-through its time slices while its partner waits for it. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, read once,
-when torch loads) avoids that but pays a wake-up per parallel region: the README's eval ran at half speed on an
-idle 2-core VM (bench/bench_threads_shared.py). So a count memlm chose itself (the affinity rule, one rank on the
-node) follows the load instead: `refit_threads()`, which the loops that run torch work call once per step (a
-clock read unless a second has passed), measures how much of this process's cores other processes used since
-the last measurement (the cores' busy time in /proc/stat minus this process's own CPU time) and at once takes
-one thread less per core they keep busy, at least 1; threads come back after RAISE_AFTER measurements in a row
-find the cores free. On an idle machine nothing changes. A change is said in one line (at most one a minute).
+process beside a 2-thread `memlm eval` on 2 cores made it 3-4x slower on an otherwise idle machine and 20-100x
+slower on one busy with other work as well: the thread that shares its core spins through its time slices while
+its partner waits for it. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, read once, when torch loads) avoids that
+but pays a wake-up per parallel region: the README's eval ran at 0.54x on an idle 2-core VM
+(bench/bench_threads_shared.py). So a count memlm chose itself (the affinity rule, one rank on the node)
+follows the load instead: `refit_threads()`, for the loops that run torch work to call once per step (a clock
+read unless a measurement is due), measures how much of this process's cores other processes used since the
+last measurement (the cores' busy time in /proc/stat minus this process's own CPU time; the first 0.25 s after
+the choice, then every second) and at once takes one thread less per core they keep busy, at least 1; threads
+come back after RAISE_AFTER measurements in a row find the cores free. On an idle machine nothing changes. A
+change is said in one line (at most one a minute).
 A count the user or a scheduler chose (OMP_NUM_THREADS, a Ray reservation, several ranks per node, which would
 count each other) is kept as it is. A count that changes mid-run changes the order of float sums: for
 bit-identical runs on a busy machine, set OMP_NUM_THREADS.
@@ -124,6 +126,7 @@ def say_threads(label: str, threads: int, reason: str) -> None:
 
 OTHERS_TOLERANCE = 0.25  # cores other processes may keep busy before one counts as taken (the kernel, a shell)
 POLL_SECONDS = 1.0  # how often refit_threads measures; calls in between only read the clock
+FIRST_POLL_SECONDS = 0.25  # the first measurement, over the process's start: before its first steps, mostly
 RAISE_AFTER = 5  # measurements in a row that must find the cores free before threads are added back
 SAY_EVERY_SECONDS = 60.0  # a count that changes more often is applied silently in between
 
@@ -165,7 +168,7 @@ class LoadFollower:
         self._raise_votes = 0
         self._said, self._said_at = base, -math.inf  # what the last line said (fit_threads said the base), and when
         self._last = self._measure()
-        self._due = self._last[0] + POLL_SECONDS
+        self._due = self._last[0] + FIRST_POLL_SECONDS
 
     def _measure(self) -> tuple[float, float, float]:
         return self.clock(), self.busy(self.cores), self.own_cpu()
