@@ -30,7 +30,7 @@ from data_pipeline.stream import LaneStream
 from models import build_model, map_memory
 from models.config import ConfigError
 from trainer.config import RunConfig, eval_model_config, load_config, override_config
-from trainer.runtime import prepare_process
+from trainer.runtime import prepare_process, refit_threads
 
 RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "mem_len", "arch", "step")
 
@@ -75,6 +75,7 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
         for step, batch in enumerate(stream):
             if max_batches and step >= max_batches:
                 break
+            refit_threads()  # fewer threads while other processes keep this one's cores busy (trainer/runtime.py)
             # Counted on the host copy: no device sync per batch for the display.
             meter.update(1, tokens=int((batch.targets != -100).sum()) if meter.enabled else 0)
             inputs, targets = batch.tokens.to(device), batch.targets.to(device)

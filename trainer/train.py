@@ -329,6 +329,7 @@ class Trainer:
 
         window_start, window_inputs = time.perf_counter(), 0
         while self.step < end:
+            runtime.refit_threads()  # fewer threads while other processes keep this rank's cores busy
             result = self._train_step()
             window_inputs += result["inputs"]
             if logged(self.step) or result["skipped"]:
