@@ -184,6 +184,25 @@ def test_a_real_busy_process_beside_it_takes_a_thread_away():
     assert "other processes keep" in proc.stderr and "fewer while other processes" in proc.stderr
 
 
+def test_memlm_train_gives_a_busy_process_its_core(data, tmp_path):
+    """The call site: a real `memlm train` (memlm's own count, one rank) beside a `while True` process pinned to
+    one of its cores drops to the cores left during training and says so in one line."""
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(cores) >= 2, "this test needs 2 cores (CI has 2)"
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cores[-1]}))
+    try:
+        cmd = [sys.executable, "-m", "memlm", "train", preset("txl"), *overrides(data, train__steps=60),
+               "--out", str(tmp_path / "run")]
+        proc = subprocess.run(cmd, cwd=REPO, env=env_without_threads(), capture_output=True, text=True, timeout=300)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"memlm train: {len(cores) - 1} torch thread" in proc.stderr and "other processes keep" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
 def test_bad_omp_num_threads_is_named_and_ignored(capsys):
     choice = runtime.choose_threads(env={"OMP_NUM_THREADS": "lots"})
     assert choice.threads == runtime.affinity_cores()
