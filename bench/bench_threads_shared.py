@@ -313,4 +313,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+
+    sys.exit(stop_in_one_line(main))
