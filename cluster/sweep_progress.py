@@ -8,6 +8,8 @@ function that runs Tune, so `memlm --help` and training still never load Ray.
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 from ray.tune import Callback
 
@@ -46,15 +48,25 @@ class Progress(Callback):
             print(f"trial {trial.trial_id} finished: {shown} at step {step if step is not None else '?'}", flush=True)
 
 
+# The last line of a Python traceback: "package.module.SomeError: message".
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")
+
+
 def _reason(trial) -> str:
-    """" (DataError: ...)" from the error Tune just saved for the trial (in the driver's copy of the trial folder,
-    next to its traceback, error_file), or "" when there is none to read."""
-    from ray import cloudpickle
-
-    from .ray_runtime import error_reason
-
+    """" (DataError: ...)" from the error Tune just saved for the trial (the text traceback in the driver's copy of
+    the trial folder, error_file), or "" when there is none to read. The text, not Tune's pickled copy of the
+    exception: memlm unpickles nothing a folder holds (a sweep folder someone sent you must not run code)."""
     try:
-        with open(trial.pickled_error_file, "rb") as f:
-            return f" ({error_reason(cloudpickle.load(f))})"
-    except Exception:  # noqa: BLE001 - an unreadable error file must not break the sweep's progress lines
+        lines = Path(trial.error_file).read_text(errors="replace").splitlines()
+    except (OSError, TypeError):  # no error file (yet): the line goes without a reason
         return ""
+    # Tune appends "Failure # N (occurred at ...)" then the error's text: a traceback ending in "SomeError: message"
+    # for an exception in the trial, or a bare message for a worker that died.
+    starts = [i for i, line in enumerate(lines) if line.startswith("Failure # ")]
+    last = lines[starts[-1] + 1:] if starts else lines
+    for line in reversed(last):
+        found = _EXCEPTION_LINE.match(line.strip())
+        if found:
+            return f" ({found.group(1).rsplit('.', 1)[-1]}: {found.group(2)[:300]})"
+    first = next((line.strip() for line in last if line.strip()), "")
+    return f" ({first[:300]})" if first else ""

@@ -579,3 +579,23 @@ def test_search_space_kinds_and_asha(tmp_path):
     path.write_text(f"base: {CONFIGS / 'tiny_lamemo.yaml'}\nspace:\n  model.mem_len: {{uniform: [4, 16]}}\n")
     with pytest.raises(ConfigError, match="space.model.mem_len.uniform"):
         load_sweep(path)
+
+
+def test_a_failed_trials_reason_is_read_from_tunes_text_error_file(tmp_path):
+    """The reason in a trial's failure line comes from Tune's error.txt (never its pickled exception): the last
+    "SomeError: message" of the newest failure's traceback, or a dead worker's bare message."""
+    from types import SimpleNamespace
+
+    from cluster.sweep_progress import _reason
+
+    error = tmp_path / "error.txt"
+    error.write_text("Failure # 1 (occurred at 2026-11-25_16-38-37)\nThe actor died unexpectedly before finishing "
+                     "this task.\n\tclass_name: ImplicitFunc\n"
+                     "Failure # 2 (occurred at 2026-11-25_16-39-01)\nray::ImplicitFunc.train() (pid=1, ip=127.0.0.1)\n"
+                     "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                     "data_pipeline.format.DataError: evaluating split 'valid': no tokens\n")
+    assert _reason(SimpleNamespace(error_file=str(error))) == " (DataError: evaluating split 'valid': no tokens)"
+    error.write_text("Failure # 1 (occurred at 2026-11-25_16-38-37)\nThe actor died unexpectedly before finishing "
+                     "this task.\n\tpid: 15163\n")
+    assert _reason(SimpleNamespace(error_file=str(error))) == " (The actor died unexpectedly before finishing this task.)"
+    assert _reason(SimpleNamespace(error_file=str(tmp_path / "absent.txt"))) == ""

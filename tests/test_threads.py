@@ -257,7 +257,8 @@ def test_a_plain_trainer_takes_every_core_it_owns(data, tmp_path):
                            *overrides(data, train__steps=2, train__save_every=0), "--out", str(tmp_path / "one")],
                           cwd=REPO, env=env_without_threads(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [n for _, n, _ in choices(proc.stderr)] == [len(os.sched_getaffinity(0))]
+    # The first choice; a busy machine (the other test worker) may then take threads away (following the load).
+    assert choices(proc.stderr)[0][1] == len(os.sched_getaffinity(0))
 
 
 def test_op_cache_is_keyed_by_the_environment(monkeypatch):

@@ -279,8 +279,10 @@ def test_redacts_password_in_warnings():
 
 
 @pytest.mark.slow
-def test_real_mlflow_server(tmp_path, capfd):
+def test_real_mlflow_server(tmp_path, capfd, monkeypatch):
     """Slower (~15 s: the server's start-up): params and metrics reach a real tracking server over HTTP."""
+    # `memlm compare` run in this process by an earlier test turns MLflow's link printing off process-wide.
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # skips the job runner: faster start

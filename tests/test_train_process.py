@@ -48,6 +48,7 @@ def test_a_dead_processs_op_lock_does_not_hang_training(data, tmp_path):
                         "--out", str(tmp_path / "warm")], cwd=REPO, env=child_env(), check=True, timeout=600)
     cache_home = tmp_path / "cache"
     env = child_env({"XDG_CACHE_HOME": str(cache_home), "HOME": str(tmp_path)})
+    env.pop("TORCH_EXTENSIONS_DIR", None)  # set in this process by an earlier in-process run: the real cache
     probe = subprocess.run([sys.executable, "-c", "from trainer.runtime import extension_cache_dir as d; print(d())"],
                            cwd=REPO, env=env, capture_output=True, text=True, check=True)
     copy = type(real)(probe.stdout.strip())
