@@ -56,6 +56,7 @@ class _Stop(BaseException):
 
 
 _stop_requested = False
+_holding_stop = False  # while the server process is being started: a stop request waits until `proc` exists
 
 
 def main(args: argparse.Namespace) -> int:
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         raise ClusterError(f"cannot write the server's log {log_path} ({exc.strerror}): run from a folder you "
                            "can write to") from None
     # Handlers first: a Ctrl-C at any moment after the server exists must still reach the clean-up below.
-    global _stop_requested
+    global _stop_requested, _holding_stop
     _stop_requested = False
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
@@ -85,8 +86,16 @@ def main(args: argparse.Namespace) -> int:
             log.write(f"=== memlm ui: mlflow server on {host}:{port} over {store}, {time.strftime('%Y-%m-%d %H:%M')}\n")
             log.flush()
             # Its own session: a terminal's Ctrl-C reaches only us, and we stop the server's whole group ourselves.
-            proc = subprocess.Popen(server_command(store, host, port), env={**os.environ, **SERVER_ENV},
-                                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+            # A stop request inside Popen is held until it returns: raised there (after the fork, before Popen
+            # hands back the process), it would leave a server nobody stops.
+            _holding_stop = True
+            try:
+                proc = subprocess.Popen(server_command(store, host, port), env={**os.environ, **SERVER_ENV},
+                                        start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+            finally:
+                _holding_stop = False
+            if _stop_requested:
+                raise _Stop()
         links = experiment_links(store, url)  # read from the store while the server starts (seconds under load)
         if _stop_requested:  # a Ctrl-C inside the store's code, which may have raised something else in its place
             raise _Stop()
@@ -243,7 +252,8 @@ def _group_alive(pgid: int) -> bool:
 def _raise_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
     global _stop_requested
     _stop_requested = True
-    raise _Stop()
+    if not _holding_stop:
+        raise _Stop()
 
 
 def _url_host(host: str) -> str:

@@ -58,6 +58,30 @@ def test_sigterm_saves_exits_143_and_marks_the_mlflow_run_killed_until_resumed(d
     assert [row["step"] for row in metrics(run)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_trial_stopped_from_outside_ends_its_mlflow_run_killed(data, tmp_path):
+    """Ray Tune stops a trial (ASHA at a rung) by sys.exit(0) inside tune.report, in the trainer's reporter call:
+    the trainer's own end of the MLflow run must say KILLED (ended from outside), never FAILED. The sweep settles
+    the same status afterwards, but the trial's thread may write after it."""
+    from mlflow import MlflowClient
+
+    from trainer.config import load_config
+    from trainer.train import run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(preset("txl"), overrides(data, train__steps=6, train__eval_every=2, train__eval_batches=1,
+                                               tracking__enabled="true", tracking__uri=uri,
+                                               tracking__experiment="stopped-trial"))
+
+    def tune_report_that_stops(row: dict) -> None:
+        if "valid_ppl" in row:
+            raise SystemExit(0)  # what ray.tune.report does in a trial the scheduler stopped
+
+    with pytest.raises(SystemExit):
+        run(cfg, tmp_path / "run", reporter=tune_report_that_stops)
+    run_id = (tmp_path / "run" / "mlflow_run_id").read_text().strip()
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+
+
 def test_sigterm_without_a_step_boundary_within_the_grace_leaves_the_last_checkpoint(data, tmp_path):
     """SIGTERM mid-step 3, then the save it asks for hangs (a test hook sleeps inside it) past a 1 s grace: exit
     143 with one line, no checkpoint 3 (its aside folder is never published), `latest` still names step 2."""

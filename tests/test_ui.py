@@ -184,6 +184,35 @@ def test_sigterm_while_starting_leaves_nothing(store, tmp_path):
             ui.wait()
 
 
+def test_sigterm_inside_the_server_start_still_stops_the_server(store, tmp_path, monkeypatch):
+    """The narrowest window: SIGTERM after the fork but before Popen hands back the process. Raised there, the stop
+    would leave a server nobody knows of; memlm ui must hold it until the process is known, then stop it."""
+    import argparse
+    import os
+
+    import psutil
+
+    from cluster import ui
+    from trainer.distributed import free_port
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_signalled(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, before this call returns
+        return proc
+
+    monkeypatch.setattr(ui.subprocess, "Popen", popen_then_signalled)
+    monkeypatch.chdir(tmp_path)
+    rc = ui.main(argparse.Namespace(uri=store, host="127.0.0.1", port=free_port()))
+    assert rc == 0 and len(started) == 1
+    server = started[0]
+    assert server.poll() is not None  # stopped and reaped by memlm ui
+    assert not psutil.pid_exists(server.pid) or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_stop_kills_a_group_member_that_ignores_sigterm():
     """The server's workers get SIGKILL when SIGTERM is not enough: here a grandchild that ignores it."""
     import psutil

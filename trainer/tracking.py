@@ -149,7 +149,7 @@ class Tracker:
         if exc_type is None:
             self.finish("FINISHED")
         else:
-            self.finish("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
+            self.finish("KILLED" if issubclass(exc_type, (KeyboardInterrupt, SystemExit)) else "FAILED")
 
     # ---------------------------------------------------------------------------------------------------------
     # Internals

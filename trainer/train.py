@@ -316,6 +316,12 @@ class Trainer:
         except KeyboardInterrupt:
             status = "KILLED"
             raise Interrupted(f"at step {self.step}; {self._last_checkpoint()}") from None
+        except SystemExit:
+            # Ray Tune stops a trial (ASHA, a stop criterion) by sys.exit(0) inside tune.report, in the trial's
+            # thread: the run was ended from outside, not failed. The sweep also marks it KILLED once the trial
+            # is over; this side must agree, whichever of the two writes last.
+            status = "KILLED"
+            raise
         finally:
             progress.close()
             tracker.finish(status)
