@@ -1,4 +1,4 @@
-"""What memlm's malloc settings (trainer/allocator.py) buy a CPU training step.
+"""What memlm's malloc settings (trainer/runtime/allocator.py) buy a CPU training step.
 
     .venv/bin/python bench/bench_allocator.py            # -> bench/results/allocator_cpu.json
 
@@ -32,7 +32,7 @@ def child(args) -> None:
     import torch
 
     from bench_models import Runner
-    from trainer.allocator import tune_allocator
+    from memlm.trainer.runtime.allocator import tune_allocator
 
     choice = tune_allocator()
     torch.set_num_threads(args.threads)

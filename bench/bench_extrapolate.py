@@ -50,8 +50,8 @@ def load() -> list[float]:
 
 def prepare_run(root: Path, arch: str, held_out_bytes: int, steps: int) -> tuple[Path, int]:
     """A run folder trained by `memlm train` in a subprocess (this process stays free of a process group)."""
-    from data_pipeline.prepare import prepare
-    from trainer.demo import stdlib_corpus
+    from memlm.data_pipeline.prepare import prepare
+    from memlm.demo import stdlib_corpus
 
     stdlib_corpus(root / "corpus", train_bytes=200_000, held_out_bytes=held_out_bytes)
     manifest = prepare("textdir", root / "corpus", root / "data", tokenizer="bytes", workers=1, progress=False)
@@ -70,7 +70,7 @@ def sequential(run: Path, threads: int, tmp: Path) -> tuple[float, dict[int, flo
     """(total wall, {m: seconds}): ten evaluations, one process, one after another."""
     import torch
 
-    from trainer.evaluate import evaluate_run
+    from memlm.trainer.inference.evaluate import evaluate_run
 
     torch.set_num_threads(threads)
     per_m = {}
@@ -86,8 +86,8 @@ def on_ray(run: Path, num_cpus: int, out: Path, uri: str) -> tuple[float, float]
     """(Ray start seconds, command seconds) of `memlm extrapolate RUN --mult 1-10` on a fresh local Ray."""
     import ray
 
-    from cluster import extrapolate
-    from cluster.ray_runtime import start
+    from memlm.cluster import extrapolate
+    from memlm.cluster.ray_runtime import start
     from memlm.cli import build_parser
 
     t0 = time.perf_counter()
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from models.flops import flops_per_token
-    from trainer.config import eval_model_config, load_config, override_config
+    from memlm.models.flops import flops_per_token
+    from memlm.trainer.config.run_config import eval_model_config, load_config, override_config
 
     nproc = os.cpu_count() or 1
     cores = [1, 2] if nproc >= 2 else [1]

@@ -40,11 +40,11 @@ SHAPES = {
 
 
 def build_trainer(data: Path, out: Path, zero: int, shape: dict):
-    from data_pipeline.shards import load_manifest
-    from trainer import distributed
-    from trainer.config import load_config
-    from trainer.train import Trainer
-    from train_support import overrides, preset
+    from memlm.data_pipeline.shards import load_manifest
+    from memlm.trainer.runtime import distributed
+    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.loop.train import Trainer
+    from support.training import overrides, preset
 
     extra = {k.replace(".", "__"): v for k, v in shape.items()}
     cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=zero, train__steps=10**6,
@@ -141,7 +141,7 @@ def main() -> int:
 
     import torch
 
-    from train_support import make_data
+    from support.training import make_data
 
     torch.set_num_threads(1)
     load_before = os.getloadavg()

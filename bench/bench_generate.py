@@ -1,4 +1,4 @@
-"""Generation speed: `trainer.generate` (incremental cache inside a segment) against a naive loop that reruns the
+"""Generation speed: `trainer.inference.generate` (incremental cache inside a segment) against a naive loop that reruns the
 whole segment for every new token, per architecture, and Hugging Face TransfoXL's `generate` at the same shape.
 
     .venv/bin/python bench/bench_generate.py                 # -> bench/results/generate_cpu.json
@@ -56,7 +56,7 @@ def naive_stream(model, tokenizer, prompt: str, tokens: int, top_p: float, seed:
     """Sampling with a full-segment recompute per token (the reference cost)."""
     import torch
 
-    from trainer.generate import Generator, TextStream, sample_next
+    from memlm.trainer.inference.generate import Generator, TextStream, sample_next
 
     ids = Generator(model, tokenizer).encode_prompt(prompt)
     N = model.cfg.tgt_len
@@ -140,9 +140,9 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from data_pipeline.tokenizers import ByteTokenizer
-    from models import ModelConfig, build_model
-    from trainer.generate import Generator
+    from memlm.data_pipeline.tokenizers import ByteTokenizer
+    from memlm.models import ModelConfig, build_model
+    from memlm.trainer.inference.generate import Generator
 
     torch.set_num_threads(args.threads)
     tokenizer = ByteTokenizer()

@@ -6,7 +6,7 @@
 Corpus and model are bench_trainer.py's (WikiText-2 with 8k BPE; 4 layers, d_model 256, 4 x 64 heads, d_inner
 1024, N = M = 64, Transformer-XL, fp32, ZeRO-2), with the same global batch of 8 lanes everywhere: one plain
 process with 8 lanes, or 2 ranks with 4 lanes each. No launcher gets OMP_NUM_THREADS from this script: each
-process picks its threads itself (trainer/runtime.py: affinity cores / local ranks; torchrun sets
+process picks its threads itself (trainer/runtime/process.py: affinity cores / local ranks; torchrun sets
 OMP_NUM_THREADS=1 on its own for several ranks, the deepspeed launcher sets nothing). One more row shows what the
 deepspeed launcher's ranks did before that choice existed: every rank with one thread per core of the machine
 (OMP_NUM_THREADS = the core count, torch's default), capped at a few steps because it collapses.
@@ -47,7 +47,7 @@ def launch_command(launcher: str, port: int) -> list[str]:
 
 
 def one_run(args, data: Path, work: Path, launcher: str, collapse: bool = False) -> dict:
-    from trainer.distributed import free_port
+    from memlm.trainer.runtime.distributed import free_port
 
     ranks = 1 if launcher == "plain" else 2
     steps = args.collapse_steps if collapse else args.warmup + args.steps

@@ -9,7 +9,7 @@ Bench shape (bench_trainer.py's, at N = M = 128): 4 layers, d_model 256, 4 x 64 
 WikiText-2 (../shared/data/wikitext-2) prepared with an 8k BPE sentencepiece model, as bench_trainer.py does.
 Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core machine); load averages are recorded.
 
-1. ZeRO. One fresh process per (stage, world size): the real Trainer (trainer.train.Trainer.fit, the loop of
+1. ZeRO. One fresh process per (stage, world size): the real Trainer (trainer.loop.train.Trainer.fit, the loop of
    `memlm train`, txl, tracking off) for --steps optimizer steps, 2 ranks under torchrun. A subclass hooks the run:
    on the last step it takes an inventory of the model-state tensors this rank holds right before engine.step
    (after the backward: gradients live) and right after it, and it skips the final checkpoint write (which would add
@@ -29,9 +29,9 @@ Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core mac
    batches, walking the dataclass fields (numel x element size; "logical"), and the bytes of the storages those
    tensors keep alive ("retained": a slice like keys_in[:, -M:] keeps the whole [B, M + N, D] tensor), divided by
    the lanes, against the formula from DESIGN §3 and the memory dataclasses. RMT's window BPTT replay window
-   (trainer.recurrence.WindowBPTT, k = 3 segments of tokens, targets, reset flags and the caches they read) is a
+   (trainer.loop.recurrence.WindowBPTT, k = 3 segments of tokens, targets, reset flags and the caches they read) is a
    separate row. At M and at 10 x M (the configuration `memlm eval --mem-mult 10` builds).
-3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.evaluate.evaluate (the loop of
+3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.inference.evaluate.evaluate (the loop of
    `memlm eval`) over --eval-batches batches of the valid split, 8 lanes, model built by eval_model_config from a
    run config with eval.mem_mult 10 (random weights: the memory use does not depend on them). Figure: the rise of
    the process's peak RSS over its RSS just before the pass (the high-water mark is reset through
@@ -263,10 +263,10 @@ def expected_bytes(psi: int, stage: int, world: int) -> dict:
 def zero_worker(args) -> None:
     import torch
 
-    from data_pipeline.shards import check_vocab_size, load_manifest
-    from trainer import distributed
-    from trainer.config import config_from_dict
-    from trainer.train import Trainer, _tokenizer_id, peak_memory_mb
+    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+    from memlm.trainer.runtime import distributed
+    from memlm.trainer.config.run_config import config_from_dict
+    from memlm.trainer.loop.train import Trainer, _tokenizer_id, peak_memory_mb
 
     info = distributed.setup_env()
     torch.set_num_threads(1)
@@ -434,10 +434,10 @@ def window_formula_per_lane(mem_len: int, k: int) -> dict:
 def memory_states(data: Path) -> dict:
     import torch
 
-    from data_pipeline.stream import LaneStream
-    from models import build_model, map_memory
-    from trainer.config import config_from_dict, eval_model_config
-    from trainer.recurrence import WindowBPTT
+    from memlm.data_pipeline.stream import LaneStream
+    from memlm.models import build_model, map_memory
+    from memlm.trainer.config.run_config import config_from_dict, eval_model_config
+    from memlm.trainer.loop.recurrence import WindowBPTT
 
     torch.set_num_threads(1)
     stream = LaneStream(data, "valid", lanes=LANES, seg_len=N, mode="eval")
@@ -496,9 +496,9 @@ def memory_states(data: Path) -> dict:
 def eval_worker(args) -> None:
     import torch
 
-    from models import build_model
-    from trainer.config import config_from_dict, eval_model_config
-    from trainer.evaluate import evaluate
+    from memlm.models import build_model
+    from memlm.trainer.config.run_config import config_from_dict, eval_model_config
+    from memlm.trainer.inference.evaluate import evaluate
 
     torch.set_num_threads(1)
     label, arch, mem_len, extra = next(c for c in STATE_CASES if c[0] == args.case)
@@ -529,7 +529,7 @@ def profile_forward(model, data: Path) -> list:
     from)."""
     import torch
 
-    from data_pipeline.stream import LaneStream
+    from memlm.data_pipeline.stream import LaneStream
 
     stream = iter(LaneStream(data, "valid", lanes=LANES, seg_len=N, mode="eval"))
     model.eval()

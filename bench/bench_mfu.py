@@ -32,9 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models import build_model, map_memory  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
-from models.flops import flops_per_token  # noqa: E402
+from memlm.models import build_model, map_memory  # noqa: E402
+from memlm.models.config import ModelConfig  # noqa: E402
+from memlm.models.flops import flops_per_token  # noqa: E402
 
 # Dense tensor-core peaks (no sparsity), by device name, in FLOP/s: the vendors' datasheet figures (SXM parts;
 # the H100 PCIe is listed first because its name also contains "H100").

@@ -31,8 +31,8 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models import ModelConfig, build_model  # noqa: E402
-from models.flops import flops_per_token, param_count  # noqa: E402
+from memlm.models import ModelConfig, build_model  # noqa: E402
+from memlm.models.flops import flops_per_token, param_count  # noqa: E402
 
 ARCHS = ("transformer", "txl", "lamemo", "rmt")
 TARGET_LAMEMO_TXL_RATIO = 1.25

@@ -140,9 +140,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from peers import PRECISIONS, RUNNERS, Shape, make_batches
     from peers.matmul_floor import MatmulFloor
-    from trainer.allocator import tune_allocator
+    from memlm.trainer.runtime.allocator import tune_allocator
 
-    # memlm's processes keep their step memory mapped (trainer/allocator.py); in this one process every model,
+    # memlm's processes keep their step memory mapped (trainer/runtime/allocator.py); in this one process every model,
     # peers included, runs under that setting, so it changes no ratio (bench_allocator.py measures it alone).
     allocator = tune_allocator()
 
@@ -337,7 +337,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
 
 def cpu_name() -> str:
-    from trainer.runtime import cpu_model  # stdlib only: importable in the bench venv
+    from memlm.trainer.runtime.process import cpu_model  # stdlib only: importable in the bench venv
 
     return cpu_model()
 

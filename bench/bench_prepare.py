@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_pipeline.prepare import prepare  # noqa: E402
+from memlm.data_pipeline.prepare import prepare  # noqa: E402
 
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
 

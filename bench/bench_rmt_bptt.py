@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_rmt_bptt.py                   # -> bench/results/rmt_bptt_cpu.json
     .venv/bin/python bench/bench_rmt_bptt.py --pairs 3 --warmup 1 --out /tmp/r.json   # a quick look
 
-Both schedules are trainer/recurrence.py's, driven with the bare model (forward, backward, clip, torch Adam), on
+Both schedules are trainer/loop/recurrence.py's, driven with the bare model (forward, backward, clip, torch Adam), on
 the same shape as bench_models.py (4 layers, d_model 256, 4 x 64 heads, d_inner 1024, V 8192, B 8, N 64) with
 10 memory tokens and k = 3, no Transformer-XL cache. A window step forwards k + 1 segments (k replays, one new)
 for B x N new tokens; a chunk step forwards k + 1 new segments for (k + 1) x B x N. So per *step* they should cost
@@ -30,8 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models import ModelConfig, build_model  # noqa: E402
-from trainer.recurrence import make_recurrence  # noqa: E402
+from memlm.models import ModelConfig, build_model  # noqa: E402
+from memlm.trainer.loop.recurrence import make_recurrence  # noqa: E402
 
 SHAPE = dict(arch="rmt", n_layer=4, n_head=4, d_head=64, d_model=256, d_inner=1024, vocab_size=8192, tgt_len=64,
              mem_len=0, num_mem_tokens=10, dropout=0.0)

@@ -34,9 +34,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_pipeline.format import FORMAT_VERSION, MANIFEST  # noqa: E402
-from data_pipeline.shards import read_shard, write_split  # noqa: E402
-from data_pipeline.stream import LaneStream  # noqa: E402
+from memlm.data_pipeline.format import FORMAT_VERSION, MANIFEST  # noqa: E402
+from memlm.data_pipeline.shards import read_shard, write_split  # noqa: E402
+from memlm.data_pipeline.stream import LaneStream  # noqa: E402
 
 TARGET_RATIO = 50.0
 VOCAB = 32_000
@@ -164,7 +164,7 @@ def main() -> None:
         wt2 = ROOT.parent / "shared" / "data" / "wikitext-2"
         if not args.no_wikitext2 and (wt2 / "wiki.train.tokens").is_file():
             try:
-                from data_pipeline.prepare import prepare
+                from memlm.data_pipeline.prepare import prepare
             except ImportError:
                 prepare = None
             if prepare is not None:

@@ -6,12 +6,12 @@
 Workloads, each in a fresh process (OpenMP reads its settings once, when torch loads), through memlm's public
 functions after `prepare_process` (the thread choice every memlm command makes, printed as `memlm bench: ...`):
   eval   the README's `memlm eval runs/lamemo --split test --mem-mult 4`: tiny LaMemo (2 x d32) on word-level
-         WikiText-2 (V 33,278), N = 8, M = 32, trainer.evaluate over the test split's first batches;
+         WikiText-2 (V 33,278), N = 8, M = 32, trainer.inference.evaluate over the test split's first batches;
   train  bench_trainer's bare training step (Transformer-XL 4 x d256, N = M = 64, B 8, V 8192 BPE): forward with
          carried memory, backward, clip, Adam.
 Settings:
   old    what memlm did before: one thread per core it owns, fixed (the worker never calls refit_threads);
-  new    what memlm does now: the same choice, following the load (trainer.runtime.refit_threads once per
+  new    what memlm does now: the same choice, following the load (trainer.runtime.process.refit_threads once per
          iteration, as the trainer does per step: before each training step, between evaluate() calls of
          --eval-batches batches, and per batch inside evaluate() where it calls it itself);
   one    OMP_NUM_THREADS=1 (the workaround users found).
@@ -62,10 +62,10 @@ QUIET = 0.15  # cores busy with other work below which the machine counts as idl
 
 
 def eval_workload(data: Path, batches: int):
-    """One call: trainer.evaluate over the first batches of the test split, as `memlm eval --mem-mult 4` runs."""
-    from models import build_model
-    from trainer.config import eval_model_config, load_config
-    from trainer.evaluate import evaluate
+    """One call: trainer.inference.evaluate over the first batches of the test split, as `memlm eval --mem-mult 4` runs."""
+    from memlm.models import build_model
+    from memlm.trainer.config.run_config import eval_model_config, load_config
+    from memlm.trainer.inference.evaluate import evaluate
 
     cfg = load_config(ROOT / "configs" / "tiny_lamemo.yaml",
                       [f"data.path={data}", "model.vocab_size=33278", "eval.mem_mult=4"])
@@ -94,7 +94,7 @@ WORKLOADS = {"eval": (eval_workload, "wt2-word"), "train": (train_workload, "wt2
 
 
 def worker(args) -> None:
-    from trainer.runtime import prepare_process, refit_threads
+    from memlm.trainer.runtime.process import prepare_process, refit_threads
 
     choice = prepare_process(who="bench")
     make, corpus = WORKLOADS[args.worker]
@@ -128,7 +128,7 @@ def worker(args) -> None:
 
 
 def prepare_data(folder: Path) -> Path:
-    from data_pipeline.prepare import prepare
+    from memlm.data_pipeline.prepare import prepare
 
     if not (WIKITEXT / "wiki.test.tokens").is_file():
         sys.exit(f"bench_threads_shared: WikiText-2 not found at {WIKITEXT}")
@@ -156,7 +156,7 @@ def setting_env(setting: str) -> tuple[dict, list[str]]:
 
 def others_busy(seconds: float = 1.0) -> float:
     """Cores this process's cores spent on other processes over `seconds` (this process sleeps meanwhile)."""
-    from trainer.runtime import busy_seconds
+    from memlm.trainer.runtime.process import busy_seconds
 
     cores = frozenset(os.sched_getaffinity(0))
     before = busy_seconds(cores)

@@ -55,7 +55,7 @@ def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
 
 
 def prepare_corpus(work: Path) -> Path:
-    from data_pipeline.prepare import prepare
+    from memlm.data_pipeline.prepare import prepare
 
     if not (WIKITEXT / "wiki.train.tokens").is_file():
         sys.exit(f"bench_trainer: WikiText-2 not found at {WIKITEXT}")
@@ -66,8 +66,8 @@ def prepare_corpus(work: Path) -> Path:
 
 def trainer_step_times(args, data: Path, arch: str, work: Path, block: int) -> list[float]:
     """Seconds per step of one in-process `memlm train` run, from its metrics rows (after warm-up)."""
-    from trainer.config import config_from_dict
-    from trainer.train import run
+    from memlm.trainer.config.run_config import config_from_dict
+    from memlm.trainer.loop.train import run
 
     out = work / f"trainer-{arch}-{block}"
     cfg = config_from_dict({}, run_overrides(args, data, arch, args.warmup + args.steps))
@@ -80,7 +80,7 @@ def trainer_step_times(args, data: Path, arch: str, work: Path, block: int) -> l
 
 
 def collect_batches(args, data: Path, count: int) -> list:
-    from data_pipeline.stream import LaneStream
+    from memlm.data_pipeline.stream import LaneStream
 
     stream = LaneStream(data, "train", rank=0, world_size=1, lanes=args.batch, seg_len=64, mode="train", seed=1234)
     return [next(stream) for _ in range(count)]
@@ -92,8 +92,8 @@ class BareLoop:
     def __init__(self, args, data: Path, arch: str, batches: list):
         import torch
 
-        from models import build_model
-        from trainer.config import config_from_dict
+        from memlm.models import build_model
+        from memlm.trainer.config.run_config import config_from_dict
 
         cfg = config_from_dict({}, run_overrides(args, data, arch, 1))
         torch.manual_seed(cfg.train.seed)
@@ -106,7 +106,7 @@ class BareLoop:
     def step(self) -> float:
         import torch
 
-        from models import map_memory
+        from memlm.models import map_memory
 
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
@@ -127,10 +127,10 @@ class TrainerSteps:
     --log-every-th step, as in a run; the metrics row itself is not written (the whole-run figure includes it)."""
 
     def __init__(self, args, data: Path, arch: str, work: Path):
-        from data_pipeline.shards import load_manifest
-        from trainer import distributed
-        from trainer.config import config_from_dict
-        from trainer.train import Trainer
+        from memlm.data_pipeline.shards import load_manifest
+        from memlm.trainer.runtime import distributed
+        from memlm.trainer.config.run_config import config_from_dict
+        from memlm.trainer.loop.train import Trainer
 
         cfg = config_from_dict({}, run_overrides(args, data, arch, 10**6))
         manifest = load_manifest(data)
@@ -235,7 +235,7 @@ def main() -> None:
 
     import torch
 
-    from trainer import distributed
+    from memlm.trainer.runtime import distributed
 
     distributed.setup_env()  # a plain process: the trainer's single-rank environment, once
     work = Path(tempfile.mkdtemp(prefix="bench_trainer-"))

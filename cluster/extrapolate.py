@@ -2,7 +2,7 @@
 
 For every run folder and every m, one Ray task evaluates the split with target length N (default: the length the
 runs were trained with) and memory m x N
-(trainer.evaluate.evaluate_run, one process, no process group). Results go to OUT/<run>/<split>-tgt<N>-m<m>.json
+(trainer.inference.evaluate.evaluate_run, one process, no process group). Results go to OUT/<run>/<split>-tgt<N>-m<m>.json
 as they arrive, then to OUT/summary.json, OUT/extrapolation.csv, the plot OUT/extrapolation.png and MLflow (one
 run per RUN_DIR, metric extrapolate_ppl at step m). A rerun reuses every result of the same checkpoint already in
 OUT, so after a crash only the missing (run, m) are evaluated.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.progress import format_duration
+from memlm.data_pipeline.progress import format_duration
 
 from .errors import ClusterError
 from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
@@ -186,7 +186,7 @@ def _refuse_unless_tasks_fit(args: argparse.Namespace, available: dict[str, floa
 def _keep(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     """The task wrote job.json_path itself; on a cluster whose workers do not share this filesystem it landed on
     the worker's disk instead, so the driver writes it whenever its copy here is missing or different."""
-    from trainer.evaluate import write_json
+    from memlm.trainer.inference.evaluate import write_json
 
     from .extrapolate_plan import read_result
 

@@ -38,8 +38,8 @@ def open_experiment(experiment: str, uri: str | None) -> tuple[Any, str, str]:
         os.environ.setdefault(key, value)
     from mlflow import MlflowClient
 
-    from trainer.config import TrackingConfig
-    from trainer.tracking import RunsView, ensure_experiment
+    from memlm.trainer.config.run_config import TrackingConfig
+    from memlm.trainer.tracking.tracker import RunsView, ensure_experiment
 
     cfg = TrackingConfig(experiment=experiment, uri=uri or "")
     resolved = cfg.resolved_uri()

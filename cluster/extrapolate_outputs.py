@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .extrapolate_plan import RunSpec
-from .plots import plot_ppl_against_m
+from memlm.trainer.tracking.plots import plot_ppl_against_m
 
 SUMMARY = "summary.json"
 CSV = "extrapolation.csv"

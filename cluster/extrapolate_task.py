@@ -35,10 +35,10 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
                            f"{dist.get_world_size()}; an extrapolation task must run alone")
     # Ray reserves CPUs per task but does not pin threads; torch would otherwise start one thread per core of the
     # node, and two tasks on a 2-core node would fight over 4 threads.
-    from trainer.runtime import prepare_process
+    from memlm.trainer.runtime.process import prepare_process
 
     prepare_process(cpus=max(1, math.ceil(threads)), who="extrapolate task")
-    from trainer.evaluate import evaluate_run
+    from memlm.trainer.inference.evaluate import evaluate_run
 
     start = time.perf_counter()
     # track=False: the driver logs every result to MLflow in one batch per run; parallel tasks writing to the

@@ -1,6 +1,6 @@
 """Starting or joining Ray the way memlm needs it: loopback by default, no telemetry, the same code on the workers.
 
-    from cluster.ray_runtime import ray_session
+    from .ray_runtime import ray_session
     with ray_session(address=None, num_cpus=2):   # local Ray on 127.0.0.1; address="auto" / "ray://..." joins one
         ...                                        # ray.remote tasks, tune.Tuner, ...
 
@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from trainer.distributed import loopback_comm_env, loopback_single_process
+from memlm.trainer.runtime.distributed import loopback_comm_env, loopback_single_process
 
 from .errors import ClusterError
 
@@ -35,7 +35,7 @@ LOCAL_HOST = "127.0.0.1"
 # Ray's switch for its local-only mode (read by ray._private.ray_constants).
 LOCAL_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
-# Launcher variables (torchrun, the deepspeed launcher, and trainer.distributed for a plain training process).
+# Launcher variables (torchrun, the deepspeed launcher, and trainer.runtime.distributed for a plain training process).
 # A Ray worker that inherits them from its driver would host or join a process group that is not its own: every
 # trial would try to bind the same MASTER_PORT.
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -183,7 +183,7 @@ def clear_launch_env() -> None:
 
 def single_process_env() -> None:
     """Make this Ray worker a fresh single training process whose torch rendezvous, gloo and NCCL stay on
-    loopback (trainer.distributed.loopback_single_process). Launcher variables inherited from a driver are
+    loopback (trainer.runtime.distributed.loopback_single_process). Launcher variables inherited from a driver are
     replaced."""
     clear_launch_env()
     loopback_single_process()

@@ -131,7 +131,7 @@ def _route_library_logs(sweep_dir: Path) -> None:
     passing records on to Ray's console handler."""
     import logging
 
-    from trainer.quiet import LIBRARY_LOGGERS, route_library_loggers
+    from memlm.trainer.runtime.quiet import LIBRARY_LOGGERS, route_library_loggers
 
     for name in TUNE_LOGGERS:  # a previous sweep of this process (tests) wrote to its own folder
         logger = logging.getLogger(name)
@@ -143,8 +143,8 @@ def _route_library_logs(sweep_dir: Path) -> None:
 
 def _pin_paths(sweep: Sweep) -> tuple[str, str]:
     """Absolute data path and MLflow URI for every trial; tracking on (the sweep's results are MLflow runs)."""
-    from data_pipeline.shards import load_manifest
-    from trainer.config import TrackingConfig
+    from memlm.data_pipeline.shards import load_manifest
+    from memlm.trainer.config.run_config import TrackingConfig
 
     cfg = sweep.trial_config({d.key: d.candidates()[0] for d in sweep.space})
     pinned: dict[str, Any] = {}
@@ -371,7 +371,7 @@ def trial_status(tune_status: str, trained: int | None, planned: int, scheduled:
         return STOPPED if scheduled and (trained or 0) < planned else "TERMINATED"
     if tune_status == "ERROR":
         return "ERROR"
-    from trainer import checkpoint
+    from memlm.trainer.checkpoint import store as checkpoint
 
     tag = checkpoint.latest_tag(run_dir / "checkpoints")
     if tag is None:

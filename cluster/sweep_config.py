@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.config import ConfigError
-from trainer.config import RunConfig, apply_overrides, config_from_dict
-from trainer.config_schema import build, flatten_dict, key_type, read_yaml
+from memlm.models.config import ConfigError
+from memlm.trainer.config.run_config import RunConfig, apply_overrides, config_from_dict
+from memlm.trainer.config.schema import build, flatten_dict, key_type, read_yaml
 
 # Metrics every trial reports (trainer rows and validation rows); the sweep selects on one of them.
 METRICS = ("valid_ppl", "valid_nll", "valid_bpc", "loss", "ppl")
@@ -161,7 +161,7 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     base_path = (path.parent / file.base).resolve()
     if not base_path.is_file():
         raise ConfigError(f"{path}: base preset not found: {base_path} (base: is relative to the sweep file)")
-    from trainer.config_schema import load_tree
+    from memlm.trainer.config.schema import load_tree
 
     base_tree = load_tree(base_path)
     # Typed dotted values: apply_overrides names a bad key/type; flatten_dict gives them back dotted.
@@ -187,7 +187,7 @@ def _apply_sweep_keys(cli_overrides: list[str], tree: dict) -> tuple[list[str], 
     trials. The two sets of keys never overlap: a run config's sections are model, data, train, ..."""
     from dataclasses import fields
 
-    from trainer.config_schema import key_type, parse_yaml_value, set_dotted
+    from memlm.trainer.config.schema import key_type, parse_yaml_value, set_dotted
 
     sweep_keys = {f.name for f in fields(SweepFile)}
     rest = []

@@ -20,8 +20,8 @@ class ParentRun:
     def __init__(self, experiment: str, uri: str, sweep_dir: Path):
         from mlflow import MlflowClient
 
-        from trainer.config import TrackingConfig
-        from trainer.tracking import ensure_experiment
+        from memlm.trainer.config.run_config import TrackingConfig
+        from memlm.trainer.tracking.tracker import ensure_experiment
 
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)

@@ -1,4 +1,4 @@
-"""One sweep trial: the same `trainer.train.run` as `memlm train`, in a Tune trial process or, with
+"""One sweep trial: the same `trainer.loop.train.run` as `memlm train`, in a Tune trial process or, with
 `resources.workers > 1`, on that many Ray Train workers (one DeepSpeed rank each).
 
 Why resume=True always: Tune restarts a failed trial by calling this function again (FailureConfig), and the
@@ -66,8 +66,8 @@ def trial_fn(config: dict, spec: dict) -> None:
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()  # stable across retries and across a resumed sweep
     run_dir = Path(spec["sweep_dir"]) / TRIALS_DIR / trial_id
-    from trainer.config import config_from_dict
-    from trainer.runtime import prepare_process
+    from memlm.trainer.config.run_config import config_from_dict
+    from memlm.trainer.runtime.process import prepare_process
 
     values = {**spec["fixed"], **plain_values(config), "tracking.parent_run_id": spec["parent_run_id"]}
     arch = config_from_dict(spec["base_tree"], values).model.arch  # the arch may be searched
@@ -77,7 +77,7 @@ def trial_fn(config: dict, spec: dict) -> None:
     if spec["workers"] > 1:
         _run_workers(spec, values, run_dir, trial_id, reporter)
     else:
-        from trainer.train import run
+        from memlm.trainer.loop.train import run
 
         from .ray_runtime import single_process_env
 
@@ -132,9 +132,9 @@ def _tag_child_run(run_dir: Path, values: dict, spec: dict, trial_id: str) -> No
 
 
 def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporter: TuneReporter) -> None:
-    """A TorchTrainer whose workers each run trainer.train.run: Ray Train sets RANK/WORLD_SIZE/LOCAL_RANK/
+    """A TorchTrainer whose workers each run trainer.loop.train.run: Ray Train sets RANK/WORLD_SIZE/LOCAL_RANK/
     MASTER_ADDR/MASTER_PORT and creates the torch process group (gloo on CPU, nccl on GPUs) before the loop
-    starts; trainer.distributed.setup_env keeps those variables and deepspeed.init_distributed adopts the
+    starts; trainer.runtime.distributed.setup_env keeps those variables and deepspeed.init_distributed adopts the
     existing group. Tune's own retries are the only ones (Train's max_failures 0), so there is one retry count."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -175,9 +175,9 @@ def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporte
 
 def _worker_loop(loop_config: dict) -> None:
     """Runs on every Ray Train worker: the ordinary training run at this worker's rank."""
-    from trainer.config import config_from_dict
-    from trainer.runtime import prepare_process
-    from trainer.train import run
+    from memlm.trainer.config.run_config import config_from_dict
+    from memlm.trainer.runtime.process import prepare_process
+    from memlm.trainer.loop.train import run
 
     prepare_process(cpus=loop_config["cpus"], who="trial worker")  # the CPUs Ray Train reserved for this rank
     queue = loop_config["queue"]

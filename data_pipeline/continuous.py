@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data_pipeline.doc_order import ReaderPlan
-from data_pipeline.format import DataError
-from data_pipeline.lanes import IGNORE
-from data_pipeline.shard_source import Doc, ShardSource
+from .doc_order import ReaderPlan
+from .format import DataError
+from .lanes import IGNORE
+from .shard_source import Doc, ShardSource
 
 
 @dataclass

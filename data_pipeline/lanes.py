@@ -13,9 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from data_pipeline.doc_order import ReaderPlan
-from data_pipeline.format import DataError
-from data_pipeline.shard_source import Doc, ShardSource
+from .doc_order import ReaderPlan
+from .format import DataError
+from .shard_source import Doc, ShardSource
 
 IGNORE = -100  # the loss's ignore index
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
-from data_pipeline.shards import DEFAULT_SHARD_TOKENS, write_split
+from .format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
+from .shards import DEFAULT_SHARD_TOKENS, write_split
 
 CORPORA = ("wikitext", "enwik8", "text8", "textdir", "jsonl", "task")
 BYTE_CORPORA = ("enwik8", "text8", "task")  # default tokenizer: bytes; the rest default to word
@@ -124,8 +124,8 @@ def _install(tmp: Path, out: Path) -> None:
 
 def _prepare_corpus(tmp: Path, corpus: str, input_path, kind: str, vocab_size, shard_tokens: int, split_pages: bool,
                     workers: int, tokenizer_from, progress) -> dict:
-    from data_pipeline.corpora import read_corpus
-    from data_pipeline.tokenizers import load_tokenizer, train_tokenizer
+    from .corpora import read_corpus
+    from .tokenizers import load_tokenizer, train_tokenizer
 
     tok_dir = tmp / TOKENIZER_DIR
     if kind == "from":
@@ -168,7 +168,7 @@ _worker_tokenizer = None
 
 def _worker_init(tok_dir: str) -> None:
     global _worker_tokenizer
-    from data_pipeline.tokenizers import load_tokenizer
+    from .tokenizers import load_tokenizer
 
     _worker_tokenizer = load_tokenizer(Path(tok_dir))
 
@@ -181,8 +181,8 @@ def _worker_encode(document):
 
 
 def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens: int, progress) -> dict:
-    from data_pipeline.tasks import resolve_options, task_documents
-    from data_pipeline.tokenizers import train_tokenizer
+    from .tasks import resolve_options, task_documents
+    from .tokenizers import train_tokenizer
 
     options = resolve_options(task, task_options)
     tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
@@ -199,7 +199,7 @@ def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_to
            total: int | None = None) -> dict:
     """One split to shards, with progress (documents and tokens done; an ETA when `total` documents is known):
     a bar on a terminal, else a line every 15 s on stderr; progress=False shows nothing."""
-    from data_pipeline.progress import Meter, is_terminal
+    from .progress import Meter, is_terminal
 
     start = time.perf_counter()
     meter = Meter(f"prepare {split}", total=total, unit="doc", enabled=progress is not False)

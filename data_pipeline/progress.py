@@ -1,7 +1,7 @@
 """Progress displays: a tqdm bar on a terminal, plain log lines otherwise (no ANSI codes); other ranks stay quiet.
 
 Here, in the lowest layer, so that `prepare` can use it too; training's own per-step display is
-trainer.progress.Progress.
+trainer.loop.progress.Progress.
 
     meter = Meter("eval test", total=560, unit="batch")         # any long job: eval, extrapolate, prepare, generate
     meter.update(1, tokens=64)                                   # n units done, tokens done with them

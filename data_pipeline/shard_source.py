@@ -18,9 +18,9 @@ from typing import Callable
 
 import numpy as np
 
-from data_pipeline.doc_order import ShardSpan
-from data_pipeline.format import MANIFEST, DataError, token_dtype
-from data_pipeline.shards import load_manifest, read_shard
+from .doc_order import ShardSpan
+from .format import MANIFEST, DataError, token_dtype
+from .shards import load_manifest, read_shard
 
 
 @dataclass

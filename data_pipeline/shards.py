@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.format import FORMAT_VERSION, MANIFEST, SPLITS, DataError, sample_key, shard_name, token_dtype
+from .format import FORMAT_VERSION, MANIFEST, SPLITS, DataError, sample_key, shard_name, token_dtype
 
 DEFAULT_SHARD_TOKENS = 50_000_000
 _BLOCK = tarfile.BLOCKSIZE  # 512

@@ -32,13 +32,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from data_pipeline.config import DataConfig
-from data_pipeline.continuous import ContinuousLanes
-from data_pipeline.cursor import CURSOR_VERSION, check_cursor
-from data_pipeline.doc_order import ReaderPlan
-from data_pipeline.format import DataError
-from data_pipeline.lanes import IGNORE, DocQueue, Lane, eval_steps, fill_row
-from data_pipeline.shard_source import ShardSource
+from .config import DataConfig
+from .continuous import ContinuousLanes
+from .cursor import CURSOR_VERSION, check_cursor
+from .doc_order import ReaderPlan
+from .format import DataError
+from .lanes import IGNORE, DocQueue, Lane, eval_steps, fill_row
+from .shard_source import ShardSource
 
 MODES = ("train", "eval")
 

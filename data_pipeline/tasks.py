@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_pipeline.format import SPLITS, DataError
+from .format import SPLITS, DataError
 
 TASKS = ("copy", "reverse", "retrieval", "quadratic")
 SEP = ">"  # start-to-generate token

@@ -1,1 +1,14 @@
-"""memlm package."""
+"""memlm: training and evaluation of segment-recurrent memory language models.
+
+One namespace for the repository's top-level folders: `memlm.models` (models/), `memlm.data_pipeline`
+(data_pipeline/), `memlm.trainer` (trainer/), `memlm.cluster` (cluster/), and this folder for the command line.
+An install maps each folder there (pyproject.toml's package-dir), so their generic names never clash with another
+project's. Run from a source checkout without installing (`PYTHONPATH=.`, as on the GPU machines), the folders
+beside this one are found the same way.
+"""
+
+from pathlib import Path as _Path
+
+_CHECKOUT = _Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "trainer" / "__init__.py").is_file():
+    __path__.append(str(_CHECKOUT))  # noqa: F821 - a package's own search path

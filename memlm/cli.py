@@ -19,7 +19,7 @@ USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from trainer.runtime import before_torch
+    from memlm.trainer.runtime.process import before_torch
 
     before_torch()  # process-wide settings that torch and its OpenMP read once, at import
     parser = build_parser()
@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_status
         if interrupt.seen:  # a rank whose peer stopped for the Ctrl-C: a broken collective, not a new error
             return interrupt.report(args.command)
-        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)):
+        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)
+                or _is_tracking_error(exc)):
             raise
         print(f"memlm: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -133,7 +134,7 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    from trainer.config import config_to_yaml, load_config
+    from memlm.trainer.config.run_config import config_to_yaml, load_config
 
     sys.stdout.write(config_to_yaml(load_config(args.config, args.overrides)))
     return 0
@@ -152,7 +153,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from trainer import demo
+    from memlm import demo
 
     return demo.main(args)
 
@@ -181,7 +182,7 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from data_pipeline.prepare import prepare
+    from memlm.data_pipeline.prepare import prepare
 
     task_options = None
     if args.corpus == "task":
@@ -213,14 +214,14 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from trainer.config import load_config
+    from memlm.trainer.config.run_config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from trainer.train import run
+    from memlm.trainer.loop.train import run
 
     run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at,
         overwrite=args.overwrite)
-    from trainer.distributed import shutdown
+    from memlm.trainer.runtime.distributed import shutdown
 
     shutdown()  # only after a finished run: a failing rank must not wait in a collective teardown
     return 0
@@ -248,7 +249,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from trainer.evaluate import evaluate_run
+    from memlm.trainer.inference.evaluate import evaluate_run
 
     result = evaluate_run(args.run_dir, split=args.split, tgt_len=args.tgt_len, mem_len=args.mem_len,
                           mem_mult=args.mem_mult, clamp_len=args.clamp_len, same_length=args.same_length,
@@ -274,7 +275,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from trainer import generate
+    from memlm.trainer.inference import generate
 
     return generate.main(args)
 
@@ -289,7 +290,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from trainer import analyze
+    from memlm.trainer.inference import analyze
 
     return analyze.main(args)
 
@@ -318,7 +319,7 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_extrapolate(args: argparse.Namespace) -> int:
-    from cluster import extrapolate
+    from memlm.cluster import extrapolate
 
     return extrapolate.main(args)
 
@@ -338,7 +339,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from cluster import sweep
+    from memlm.cluster import sweep
 
     return sweep.main(args)
 
@@ -353,7 +354,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from cluster import compare
+    from memlm.trainer.tracking import compare
 
     return compare.main(args)
 
@@ -367,34 +368,39 @@ def _add_ui(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_ui(args: argparse.Namespace) -> int:
-    from cluster import ui
+    from memlm.trainer.tracking import ui
 
     return ui.main(args)
 
 
 def _is_cluster_error(exc: BaseException) -> bool:
-    errors = sys.modules.get("cluster.errors")
+    errors = sys.modules.get("memlm.cluster.errors")
     return errors is not None and isinstance(exc, errors.ClusterError)
+
+
+def _is_tracking_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("memlm.trainer.tracking.errors")
+    return errors is not None and isinstance(exc, errors.TrackingError)
 
 
 def _is_data_error(exc: BaseException) -> bool:
     # Looked up like ConfigError below: data_pipeline.format is loaded whenever a DataError can have been raised.
-    fmt = sys.modules.get("data_pipeline.format")
+    fmt = sys.modules.get("memlm.data_pipeline.format")
     return fmt is not None and isinstance(exc, fmt.DataError)
 
 
 def _is_config_error(exc: BaseException) -> bool:
     # Looked up rather than imported: importing models.config pulls in torch, and a ConfigError can only have
     # been raised if that module is already loaded.
-    config = sys.modules.get("models.config")
+    config = sys.modules.get("memlm.models.config")
     return config is not None and isinstance(exc, config.ConfigError)
 
 
 def _is_preempted(exc: BaseException) -> bool:
-    preemption = sys.modules.get("trainer.preemption")
+    preemption = sys.modules.get("memlm.trainer.loop.preemption")
     return preemption is not None and isinstance(exc, preemption.Preempted)
 
 
 def _is_resume_error(exc: BaseException) -> bool:
-    ckpt = sys.modules.get("trainer.checkpoint")
+    ckpt = sys.modules.get("memlm.trainer.checkpoint.store")
     return ckpt is not None and isinstance(exc, ckpt.ResumeError)

@@ -58,7 +58,7 @@ class Backbone(nn.Module):
         self.learned.add("bias_v", self.bias_shape, cfg.init_std)
         # Pre-LN stacks leave the residual stream unnormalised; normalise once before the softmax.
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_lnorm else nn.Identity()
-        # Analyses only (trainer/analyze.py): an object with add(kind, layer, tensor) that receives attention
+        # Analyses only (trainer/inference/analyze.py): an object with add(kind, layer, tensor) that receives attention
         # weights (and LaMemo's alpha) during forward. A plain attribute, not a module: never saved or moved.
         self.recorder = None
 

@@ -243,7 +243,7 @@ def param_count(cfg: ModelConfig) -> int:
     return total
 
 
-if __name__ == "__main__":  # python -m models.flops: the WikiText-103 table
+if __name__ == "__main__":  # python -m memlm.models.flops: the WikiText-103 table
     for arch in ("transformer", "txl", "lamemo"):
         cfg = paper_wt103_config(arch)
         f, full = flops_per_token(cfg), flops_per_token(cfg, full_softmax=True)

@@ -112,7 +112,7 @@ class RecurrentMemoryTransformer(Backbone):
     transitions behind it. `RMTMemory.detached()` cuts by hand and restarts the count.
 
     The trainer's default `bptt_mode: window` starts every micro-batch from a detached memory and replays the
-    lane's last k segments before the new one (trainer/recurrence.py), so the count never exceeds k there and
+    lane's last k segments before the new one (trainer/loop/recurrence.py), so the count never exceeds k there and
     this rule never fires; `bptt_mode: chunk` relies on it.
 
     The first memory is the learned parameter `memory_init` [R, D]; it is used again, per lane, for every lane

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${MEMLM_SKIP_INSTALL:-0}" = 1 ]; then
-  exit 0  # an environment is already in .venv (tests/test_readme.py runs the README against the one under test)
+  exit 0  # an environment is already in .venv (tests/cli/test_readme.py runs the README against the one under test)
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

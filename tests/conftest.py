@@ -12,8 +12,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Two xdist workers on two cores: one torch thread each, also in the runs they start in-process (trainer/runtime.py
-# reads this) and in subprocesses (train_support.child_env), so in-process and subprocess runs compute alike
+# Two xdist workers on two cores: one torch thread each, also in the runs they start in-process (trainer/runtime/process.py
+# reads this) and in subprocesses (support.training.child_env), so in-process and subprocess runs compute alike
 # whatever the caller's shell says; tests of the thread choice itself start their processes without it.
 os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -21,7 +21,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 @pytest.fixture(scope="session", autouse=True)
 def _no_store_in_checkout():
     """Runs are tracked by default (the tiny presets included), in ./mlflow.db: a test that trains in the checkout
-    must pass tracking.enabled=false (train_support.overrides does) or its own store, never leave one here."""
+    must pass tracking.enabled=false (support.training.overrides does) or its own store, never leave one here."""
     stores = [ROOT / "mlflow.db", ROOT / "mlruns"]
     before = {path: path.exists() for path in stores}
     yield
@@ -46,7 +46,7 @@ def local_ray():
     """
     import ray
 
-    from cluster.ray_runtime import start
+    from memlm.cluster.ray_runtime import start
 
     started = start(num_cpus=2)
     yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from models import ModelConfig, build_model, map_memory
+from memlm.models import ModelConfig, build_model, map_memory
 
 from .common import Runner, Shape, mean_nll
 

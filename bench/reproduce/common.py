@@ -40,7 +40,7 @@ def load() -> list[float]:
 def machine() -> dict:
     import torch
 
-    from trainer.runtime import cpu_model
+    from memlm.trainer.runtime.process import cpu_model
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M")}

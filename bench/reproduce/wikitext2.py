@@ -145,8 +145,8 @@ def trained_steps(run_dir: Path) -> int:
 
 
 def summarize_run(variant: str, label: str, seed: int, run_dir: Path, evals: dict) -> dict:
-    from models.flops import flops_per_token, param_count
-    from trainer.config import load_config
+    from memlm.models.flops import flops_per_token, param_count
+    from memlm.trainer.config.run_config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     rows = last_metrics(run_dir)

@@ -1,0 +1,312 @@
+"""The README drives this test: every command of every ```bash block and every ```python block, top to bottom, as
+a user types them, in a scratch copy of the repository, in one shell.
+
+Only what a CI machine cannot do as written is changed, each change listed here:
+- SKIPPED commands do not run (each with its reason: the command running this test, a cluster, hours of training,
+  a server that runs until Ctrl-C); a SKIPPED entry that matches no README command fails the test, so the list
+  cannot go stale;
+- SUBSTITUTIONS replace text in the commands: `../shared/data/wikitext-2` becomes a small WikiText-format folder
+  written here, whose word vocabulary is exactly WikiText-2's 33,278 ids, so `model.vocab_size=33278` stands as
+  written (the real test split takes a tiny model over a minute to evaluate on 2 cores); the extrapolation's
+  `--mult 1-10` becomes `--mult 1,2,10` (the shortest and the longest memory, 6 Ray tasks instead of 20);
+- the demo runs `--steps 3` (its default trains for minutes) and does not reinstall: MEMLM_SKIP_INSTALL=1 makes
+  scripts/install.sh a no-op, and the scratch copy's `.venv` is a symlink to this checkout's (reinstalling there
+  would re-point the editable install at the copy, and needs a package registry the offline tests do not have).
+The commands run in one bash process with `set -e`, so `source .venv/bin/activate` carries to the lines after it,
+and with `.venv/bin` removed from PATH first: a README that forgets how memlm gets on the PATH fails here. A python
+block runs as `python FILE` at its place in the sequence. DS_ACCELERATOR is left unset, as on a user's machine.
+
+The test fails on a non-zero exit, a Python traceback, a NaN or infinity in any JSON the commands write, library
+noise on the console (NOISE), and where what a user reads differs from what the README promises: the Models
+snippet's output, the tables `memlm compare` prints (the test ppl that `memlm eval` just logged, the evaluation at
+4x memory in its own column, run names that tell runs apart) and `memlm analyze`'s lines in the README's form.
+Cost, measured on a shared 2-core machine at load average 6: about 9 1/2 minutes, of which the quick start and
+"Training and evaluation" (all this test ran before) 5 1/2; the 2-rank launches and the sweep take about 2 minutes
+each, the demo and the first training about 1 minute each, the 17 other commands 2 minutes together.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WIKITEXT_VOCAB = 33_278  # WikiText-2's word vocabulary, as the README's model.vocab_size says
+SKIPPED = {
+    "bash scripts/test.sh": "the command running this test",
+    "memlm sweep configs/sweep_lamemo_table5.yaml": "WikiText-103 and a GPU per trial",
+    "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
+    "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
+    "memlm ui": "serves until Ctrl-C (tests/trainer/tracking/test_ui.py starts and stops it)",
+    "python bench/": "hours of training (tests/bench/test_reproduce.py runs the experiments' smoke versions)",
+}
+DEMO = "bash scripts/demo.sh"
+DEMO_STEPS = "--steps 3"  # replaces any --steps N the README gives the demo
+SUBSTITUTIONS = {"../shared/data/wikitext-2": "{wikitext}", "--mult 1-10": "--mult 1,2,10"}
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+               "MLFLOW_TRACKING_URI", "VIRTUAL_ENV", "TORCHELASTIC_RUN_ID", "DS_ACCELERATOR")
+# What libraries print that a user must not see on the console (memlm sends it to the run's library.log):
+# DeepSpeed's accelerator guess at import, MLflow's INFO lines and run links, uvicorn's request log.
+NOISE = {
+    "DeepSpeed's accelerator warning": re.compile(r"Setting accelerator to CPU"),
+    "MLflow INFO lines": re.compile(r"INFO mlflow|Creating initial MLflow database tables"),
+    "MLflow run links": re.compile(r"View run .* at: |View experiment at: "),
+    "uvicorn's request log": re.compile(r'"GET /[^"]*" \d{3}'),
+}
+# DeepSpeed's own launcher imports DeepSpeed before any memlm code runs: its accelerator guess is not ours to route.
+NOISE_EXEMPT = {"deepspeed ": ("DeepSpeed's accelerator warning",)}
+MARK = "### README: "
+
+
+def readme_blocks(text: str) -> list[tuple[str, str]]:
+    """(kind, code) in README order: ("bash", one command line) for each line of a ```bash block (comments, blank
+    lines and continuations joined), ("python", the whole block) for a ```python block."""
+    found = []
+    for kind, block in re.findall(r"^```(bash|python)\n(.*?)^```", text, flags=re.S | re.M):
+        if kind == "python":
+            found.append(("python", block))
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                found.append(("bash", line.strip()))
+    return found
+
+
+def skip_reason(command: str) -> str | None:
+    return next((why for prefix, why in SKIPPED.items() if command.startswith(prefix)), None)
+
+
+def substitute(command: str, wikitext: Path) -> str | None:
+    """The command as run here (None: skipped); see the module docstring."""
+    if skip_reason(command):
+        return None
+    code = code_of(command)
+    for old, new in SUBSTITUTIONS.items():
+        code = code.replace(old, new.format(wikitext=wikitext))
+    if code.startswith(DEMO):
+        code = f"{re.sub(r'--steps[ =]+[0-9]+', '', code).rstrip()} {DEMO_STEPS}"
+    return code
+
+
+def code_of(command: str) -> str:
+    """The command without its trailing comment (the README sets comments off by two spaces or more)."""
+    return re.split(r"\s{2,}#", command, maxsplit=1)[0].strip()
+
+
+def script_lines(blocks: list[tuple[str, str]], wikitext: Path, folder: Path) -> tuple[list[str], list[str]]:
+    """(bash lines, the commands they run): each command echoed after MARK first, python blocks as files."""
+    lines, ran = ["set -euo pipefail"], []
+    for i, (kind, code) in enumerate(blocks):
+        if kind == "python":
+            path = folder / f"readme_block_{i}.py"
+            path.write_text(code)
+            command = f"python {path}"
+        else:
+            command = substitute(code, wikitext)
+            if command is None:
+                continue
+        lines += [f"echo {shlex.quote(MARK + command)}", command]  # quoted: the echo expands nothing
+        ran.append(command)
+    return lines, ran
+
+
+def write_wikitext(folder: Path, vocab: int = WIKITEXT_VOCAB) -> Path:
+    """wiki.{train,valid,test}.tokens in WikiText's layout (` = Title = ` articles, one line per paragraph) whose
+    train split holds vocab - 2 distinct words (the word tokenizer adds <unk> and <eos>): the titles' "=" and
+    vocab - 3 others."""
+    words = [f"w{i}" for i in range(vocab - 3)]
+    rng = random.Random(0)
+    folder.mkdir(parents=True)
+
+    def article(title_words: list[str], body: list[str]) -> str:
+        lines = [" ".join(body[i:i + 20]) for i in range(0, len(body), 20)]
+        return f" \n = {' '.join(title_words)} = \n \n" + "".join(f" {line} \n" for line in lines)
+
+    per_article = len(words) // 40 + 1
+    train = "".join(article(words[i:i + 2], words[i:i + per_article]) for i in range(0, len(words), per_article))
+    (folder / "wiki.train.tokens").write_text(train)
+    for split in ("valid", "test"):
+        text = "".join(article(rng.sample(words, 2), rng.sample(words, 300)) for _ in range(4))
+        (folder / f"wiki.{split}.tokens").write_text(text)
+    return folder
+
+
+def scratch_clone(root: Path) -> Path:
+    """What the README's commands read from a checkout (README, configs, scripts) and this checkout's .venv."""
+    clone = root / "memlm"
+    clone.mkdir()
+    shutil.copy2(ROOT / "README.md", clone / "README.md")
+    for folder in ("configs", "scripts"):
+        shutil.copytree(ROOT / folder, clone / folder)
+    (clone / ".venv").symlink_to(ROOT / ".venv")
+    return clone
+
+
+def non_finite(value, where: str = "") -> list[str]:
+    """Paths of NaN or infinite numbers inside a parsed JSON value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [where or "(top)"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def outputs_by_command(output: str) -> list[tuple[str, str]]:
+    """[(command, what it printed)] from the script's output, split at the MARK lines."""
+    parts = re.split(rf"^{re.escape(MARK)}(.*)$", output, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+def noise_in(pieces: list[tuple[str, str]]) -> list[str]:
+    found = []
+    for command, printed in pieces:
+        exempt = next((names for prefix, names in NOISE_EXEMPT.items() if command.startswith(prefix)), ())
+        for name, pattern in NOISE.items():
+            match = pattern.search(printed)
+            if match and name not in exempt:
+                found.append(f"{name} from `{command}`: {printed[match.start():match.start() + 150]!r}")
+    return found
+
+
+def markdown_rows(table: str) -> dict[str, dict[str, str]]:
+    """A printed `memlm compare` table as {run: {header: cell}}."""
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[1:]]
+    return {row["run"]: row for row in rows}
+
+
+def readme_output_pattern(line: str) -> re.Pattern:
+    """A line the README shows as output, as a pattern its numbers may differ in (a 3-step demo is not the
+    README's 3,000-step one): "27%" matches "31%", "0.068" matches "0.104"."""
+    return re.compile(re.sub(r"\d+", r"\\d+", re.escape(line.strip())))
+
+
+def test_commands_are_found_and_substituted():
+    """The extraction itself: the commands a newcomer types, and only the documented substitutions."""
+    blocks = readme_blocks((ROOT / "README.md").read_text())
+    commands = [code for kind, code in blocks if kind == "bash"]
+    codes = [code_of(c) for c in commands]
+    assert codes[0].startswith(DEMO) and codes[1:3] == ["bash scripts/test.sh", "source .venv/bin/activate"], codes
+    assert [kind for kind, _ in blocks].count("python") >= 1  # the Models snippet
+    programs = {c.split()[0] for c in codes} | {" ".join(c.split()[:2]) for c in codes}
+    for expected in ("memlm prepare", "memlm train", "memlm eval", "torchrun", "deepspeed", "memlm compare",
+                     "memlm sweep", "memlm extrapolate", "memlm generate", "memlm analyze", "memlm config"):
+        assert expected in programs, (expected, commands)
+    for prefix in SKIPPED:  # a skip that no longer matches a README line is stale
+        assert any(c.startswith(prefix) for c in commands), f"SKIPPED {prefix!r} matches no README command"
+    run = [substitute(c, Path("/W")) for c in commands]
+    assert run[1] is None and run[0].startswith(DEMO) and run[0].endswith(DEMO_STEPS) and run[0].count("--steps") == 1
+    assert all("../shared" not in c for c in run if c) and sum("/W" in c for c in run if c) == 1
+    # Nothing the README runs twice may write the same output twice (prepare refuses a filled --out).
+    outs = [m.group(1) for c in run if c and c.startswith("memlm prepare") for m in [re.search(r"--out (\S+)", c)]]
+    assert len(outs) == len(set(outs)), outs
+
+
+def test_noise_and_table_readers_catch_what_they_are_for():
+    """The checks below can fail: each noise pattern is caught in a command's output, the exemption only
+    for DeepSpeed's launcher and only for its accelerator line."""
+    accelerator = "[WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. If you have GPU"
+    pieces = outputs_by_command(f"{MARK}memlm eval runs/x\n{accelerator}\n"
+                                f"{MARK}deepspeed --num_gpus 2 x\n{accelerator}\n"
+                                f"{MARK}memlm train x\n🏃 View run x at: http://127.0.0.1:5000/#/experiments/1\n"
+                                f"{MARK}memlm demo\n2026/11/25 13:37:45 INFO mlflow.store.db.utils: Creating initial\n"
+                                f'{MARK}memlm ui\nINFO:     127.0.0.1:60336 - "GET / HTTP/1.1" 200 OK\n')
+    found = noise_in(pieces)
+    assert len(found) == 4 and "`deepspeed" not in " ".join(found), found
+    rows = markdown_rows("| run | test ppl |\n|---|---|\n| lamemo-3f9a2c | 12.50 |\n")
+    assert rows == {"lamemo-3f9a2c": {"run": "lamemo-3f9a2c", "test ppl": "12.50"}}
+    pattern = readme_output_pattern("  layer 0: attention on the memory 27%; mean max attention weight  memory 0.068")
+    assert pattern.search("  layer 0: attention on the memory 5%; mean max attention weight  memory 0.104")
+    assert not pattern.search("  layer 0: mean max attention weight  memory 0.068")
+
+
+def _compare_rows(folder: Path) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """(Markdown rows by run name, CSV rows by run id) of a `memlm compare` output folder."""
+    with open(folder / "table.csv", newline="") as f:
+        by_id = {row["run_id"]: row for row in csv.DictReader(f)}
+    return markdown_rows((folder / "table.md").read_text()), by_id
+
+
+@pytest.mark.xdist_group("readme")
+def test_readme_commands_run_as_written(tmp_path):
+    clone = scratch_clone(tmp_path)
+    wikitext = write_wikitext(tmp_path / "wikitext-2")
+    readme = (clone / "README.md").read_text()
+    lines, ran = script_lines(readme_blocks(readme), wikitext, tmp_path)
+    script = tmp_path / "readme.sh"
+    script.write_text("\n".join(lines) + "\n")
+
+    venv_bin = str(ROOT / ".venv" / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p).resolve() != Path(venv_bin).resolve())
+    env.update(MEMLM_SKIP_INSTALL="1", OMP_NUM_THREADS="1")
+    import torch
+
+    if torch.cuda.is_available():  # a developer's GPU machine: the README's 2-rank CPU launches stay on CPU
+        env["DS_ACCELERATOR"] = "cpu"
+    log = tmp_path / "readme.log"
+    with log.open("w") as out:
+        proc = subprocess.run(["bash", str(script)], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=1500)
+    output = log.read_text(errors="replace")
+    pieces = outputs_by_command(output)
+    assert proc.returncode == 0, f"{pieces[-1][0] if pieces else 'the first command'} failed ({proc.returncode}):\n" \
+        + output[-6000:]
+    assert [command for command, _ in pieces] == ran
+    assert "Traceback (most recent call last)" not in output, output[-6000:]
+    bad = {}
+    for path in clone.rglob("*.json"):
+        if ".venv" in path.parts or "tune" in path.parts:  # Ray Tune's own state: pickles and JSON lines
+            continue
+        found = non_finite(json.loads(path.read_text()))
+        if found:
+            bad[str(path.relative_to(clone))] = found
+    assert not bad, bad
+    assert not noise_in(pieces), noise_in(pieces)
+    printed = dict(pieces)
+
+    # Models: the snippet runs and prints the [B, N] per-token NLL's shape.
+    snippet = next(command for command in ran if command.startswith("python "))
+    assert "torch.Size([4, 8])" in printed[snippet], printed[snippet]
+
+    # Training and evaluation: compare's first table shows the 4x-memory evaluation in its own column, labelled.
+    lamemo_id = (clone / "runs" / "lamemo" / "mlflow_run_id").read_text().strip()
+    at_4x = json.loads(next((clone / "runs" / "lamemo" / "eval").glob("test-*-tgt8-mem32.json")).read_text())
+    first, by_id = _compare_rows(clone / "compare" / "tiny")
+    name = by_id[lamemo_id]["run"]
+    assert re.fullmatch(rf"lamemo-{lamemo_id[:6]}", name), name  # arch (the folder's name) + the run id's start
+    assert first[name]["test ppl"] == "" and first[name]["test ppl, other lengths"] == f"{at_4x['ppl']:.2f} (N=8 M=32)"
+    trained = {(clone / "runs" / d / "mlflow_run_id").read_text().strip() for d in ("lamemo", "txl", "txl-ds")}
+    assert trained <= set(by_id) and len({by_id[i]["run"] for i in trained}) == 3  # three rows, three names
+    # Comparing runs: after the as-trained evaluation the table's test ppl is the one eval logged, the 4x one stays.
+    as_trained = json.loads((clone / "runs" / "lamemo" / "eval" / "test-step20-tgt8-mem8.json").read_text())
+    second, _ = _compare_rows(clone / "results" / "tiny")
+    assert second[name]["test ppl"] == f"{as_trained['ppl']:.2f}"
+    assert second[name]["test ppl, other lengths"] == first[name]["test ppl, other lengths"]
+    demo, demo_by_id = _compare_rows(clone / "compare" / "memlm-demo")
+    assert len(demo) == len(demo_by_id) == 3 and all(re.fullmatch(r"demo-(transformer|txl|lamemo)-stdlib-bytes-"
+                                                                  r"[0-9a-f]{6}", run) for run in demo), list(demo)
+
+    # Generation and analysis: analyze prints the lines the README shows, and its percentages are the JSON's.
+    shown = re.search(r"the two `analyze` commands print.*?```text\n(.*?)```", readme, flags=re.S).group(1)
+    analyzed = "".join(text for command, text in pieces if command.startswith("memlm analyze"))
+    for line in shown.splitlines():
+        assert readme_output_pattern(line).search(analyzed), (line, analyzed)
+    for arch in ("txl", "lamemo"):
+        result = json.loads((clone / "runs" / "demo" / "runs" / arch / "analysis" / "analysis-test.json").read_text())
+        for layer, mass in enumerate(result["attention_intervals"]["memory_mass"]):
+            assert f"layer {layer}: attention on the memory {100 * mass:.0f}%" in analyzed

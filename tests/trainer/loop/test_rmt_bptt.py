@@ -1,0 +1,277 @@
+"""RMT's BPTT schedules in the trainer (trainer/loop/recurrence.py), measured by autograd on a real model:
+
+* window mode (the paper): segment s's loss reaches exactly min(s, k) earlier segments, cut at a document start;
+* chunk mode (truncated BPTT): reach 0, 1, ..., k, 0, 1, ..., k;
+* window mode equals an explicit replay loop written here (losses and gradients, with optimizer steps between);
+* tokens per step: B x N in window mode, (k + 1) x B x N in chunk mode;
+* the auxiliary memory loss is weighted once per scored segment, whatever k and the mode.
+
+Nothing here uses DeepSpeed: the schedules take any forward callable, so the bare model stands in for the engine
+(test_checkpoint.py and test_train.py run them through the real engine).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memlm.models import ModelConfig, build_model
+from memlm.trainer.loop.recurrence import ChunkBPTT, SegmentRecurrence, WindowBPTT, make_recurrence
+
+B, N = 2, 8
+
+
+def tiny(**kw):
+    base = dict(arch="rmt", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=N,
+                mem_len=0, num_mem_tokens=2)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def make_batches(n_seg: int, doc_starts: dict[int, set[int]], seed: int = 0) -> list[SimpleNamespace]:
+    """n_seg batches [B, N] of distinct random tokens; lane b starts a document at segment 0 and at each segment
+    in doc_starts[b]."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for s in range(n_seg):
+        tokens = torch.randint(0, 50, (B, N), generator=gen)
+        reset = torch.tensor([s == 0 or s in doc_starts.get(b, set()) for b in range(B)])
+        batches.append(SimpleNamespace(tokens=tokens, targets=tokens.roll(-1, 1), reset=reset, index=s))
+    return batches
+
+
+class Recorder:
+    """Forward callable for the schedules: runs the model and remembers, per call, which stream segment it read,
+    the layer-0 token embeddings (kept for autograd) and the output."""
+
+    def __init__(self, model, batches):
+        self.model, self.batches, self.calls = model, batches, []
+        self._embeds = []
+        model.embed.register_forward_hook(lambda mod, inp, out: self._embeds.append(out))
+
+    def segment_of(self, tokens) -> int:
+        return next(b.index for b in self.batches if torch.equal(b.tokens, tokens))
+
+    def __call__(self, tokens, memory, reset=None, targets=None):
+        out = self.model(tokens, memory, reset=reset, targets=targets)
+        self.calls.append(SimpleNamespace(segment=self.segment_of(tokens), embed=self._embeds.pop(), out=out))
+        return out
+
+
+def reach(loss_lane: torch.Tensor, calls, segment: int) -> int:
+    """How many segments before `segment` the scalar loss reaches through their token embeddings."""
+    earlier = [c for c in calls if c.segment < segment]
+    if not earlier:
+        return 0
+    grads = torch.autograd.grad(loss_lane, [c.embed for c in earlier], allow_unused=True, retain_graph=True)
+    reached = {c.segment for c, g in zip(earlier, grads) if g is not None and g.abs().sum() > 0}
+    if not reached:
+        return 0
+    assert reached == set(range(min(reached), segment)), f"reach of segment {segment} has gaps: {sorted(reached)}"
+    return segment - min(reached)
+
+
+def measured_reach(mode: str, k: int, n_seg: int, doc_starts: dict[int, set[int]], mem_len: int = 0):
+    """Per lane, the reach of each new segment's loss: lists of length n_seg."""
+    torch.manual_seed(k)
+    model = build_model(tiny(bptt_depth=k, bptt_mode=mode, mem_len=mem_len)).train()
+    batches = make_batches(n_seg, doc_starts)
+    stream = iter(batches)
+    recurrence = make_recurrence(model.cfg, model.init_memory(B), "cpu")
+    forward = Recorder(model, batches)
+    per_lane = [[] for _ in range(B)]
+    while len(per_lane[0]) < n_seg:
+        forward.calls = []
+        recurrence.step(forward, lambda: next(stream))
+        if mode == "window":
+            new = forward.calls[-1:]  # the new segment; the others are replays
+        else:
+            new = forward.calls  # chunk: every segment is new and scored
+        for c in new:
+            for b in range(B):
+                per_lane[b].append(reach(c.out.nll[b].sum(), forward.calls, c.segment))
+        recurrence.advance()
+    return per_lane
+
+
+def expected_reach(mode: str, k: int, n_seg: int, starts: set[int]) -> list[int]:
+    """From the definitions: window reaches k back, chunk back to its chunk's start; never past a document start."""
+    out = []
+    for s in range(n_seg):
+        last_start = max(d for d in {0} | starts if d <= s)
+        back = k if mode == "window" else s % (k + 1)
+        out.append(min(back, s - last_start))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["window", "chunk"])
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_gradient_reach_per_segment(mode, k):
+    """Lane 0 reads one long document, lane 1 starts a new one at segment 5 (inside a window)."""
+    n_seg = (k + 1) * max(3, -(-8 // (k + 1)))  # whole chunks, at least 8 segments and 3 windows
+    doc_starts = {1: {5}}
+    got = measured_reach(mode, k, n_seg, doc_starts)
+    print(f"\n{mode} k={k}: lane 0 {got[0]}  lane 1 (document start at 5) {got[1]}")
+    assert got[0] == expected_reach(mode, k, n_seg, set())
+    assert got[1] == expected_reach(mode, k, n_seg, {5})
+    if mode == "window":
+        assert got[0][k:] == [k] * (n_seg - k)  # [0, 1, ..., k, k, k, ...]
+    else:
+        assert got[0] == [s % (k + 1) for s in range(n_seg)]  # [0..k, 0..k, ...]
+
+
+def test_gradient_reach_with_the_transformer_xl_cache():
+    """The stop-gradient cache adds no path: Tr-XL + RMT's window reach is the same."""
+    got = measured_reach("window", 2, 8, {1: {4}}, mem_len=5)
+    assert got[0] == expected_reach("window", 2, 8, set())
+    assert got[1] == expected_reach("window", 2, 8, {4})
+
+
+# ---------------------------------------------------------------- window == an explicit replay loop
+
+
+def explicit_replay_run(model, batches, k, steps, lr, replay_loss=False):
+    """The paper's procedure written plainly: before each new segment t, rerun segments t-k..t-1 with the current
+    weights, starting from the memory that segment t-k-1 wrote the last time it ran (in the previous step, where it
+    was the first segment run); every segment reads the Transformer-XL cache it read when it was new. SGD step
+    after each. Returns [(loss, {name: grad})] per step."""
+    cache_read = {}  # segment index -> the cache it read when it was new
+    live_cache = model.init_memory(B).cache
+    previous_first = None  # (index, memory it wrote) of the first segment run in the previous step
+    history = []
+    for t in range(steps):
+        cache_read[t] = live_cache
+        first = max(0, t - k)
+        if first == 0:
+            mem = model.init_memory(B)
+        else:
+            assert previous_first[0] == first - 1
+            mem = previous_first[1].detached()
+        nll_sum, count, aux = 0.0, 0, []
+        for j in range(first, t + 1):
+            b = batches[j]
+            scored = j == t or replay_loss
+            mem_in = type(mem)(tokens=mem.tokens, fresh=mem.fresh, transitions=mem.transitions, cache=cache_read[j])
+            out = model(b.tokens, mem_in, reset=b.reset, targets=b.targets if scored else None)
+            if scored:
+                nll_sum = nll_sum + out.nll.sum()
+                count += int((b.targets != -100).sum())
+                if out.aux_loss is not None:
+                    aux.append(out.aux_loss)
+            if j == first:
+                previous_first = (j, out.memory)
+            mem = out.memory
+        live_cache = mem.cache
+        loss = nll_sum / count + (sum(aux) / len(aux) if aux else 0.0)
+        model.zero_grad()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+        history.append((float(loss), grads))
+    return history
+
+
+def recurrence_run(model, batches, k, steps, lr, replay_loss=False):
+    stream = iter(batches)
+    recurrence = WindowBPTT(model.init_memory(B), "cpu", k, replay_loss)
+    history = []
+    for _ in range(steps):
+        mb = recurrence.step(model, lambda: next(stream))
+        model.zero_grad()
+        mb.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+        recurrence.advance()
+        history.append((float(mb.loss), grads))
+    return history
+
+
+@pytest.mark.parametrize("k,mem_len,replay_loss,aux", [(2, 0, False, 0.0), (3, 5, False, 0.1), (2, 4, True, 0.1)])
+def test_window_equals_explicit_replay_loop(k, mem_len, replay_loss, aux):
+    steps = 3 * k + 2
+    batches = make_batches(steps, {0: {4}, 1: {2, 6}}, seed=3)
+    torch.manual_seed(11)
+    cfg = tiny(bptt_depth=k, mem_len=mem_len, bptt_replay_loss=replay_loss, aux_loss_weight=aux)
+    model_a = build_model(cfg).train()
+    model_b = build_model(cfg).train()
+    model_b.load_state_dict(model_a.state_dict())
+    want = explicit_replay_run(model_a, batches, k, steps, lr=0.5, replay_loss=replay_loss)
+    got = recurrence_run(model_b, batches, k, steps, lr=0.5, replay_loss=replay_loss)
+    for t, ((loss_w, grads_w), (loss_g, grads_g)) in enumerate(zip(want, got)):
+        assert loss_g == pytest.approx(loss_w, rel=1e-6, abs=1e-7), f"step {t}"
+        assert grads_g.keys() == grads_w.keys()
+        for name in grads_w:
+            torch.testing.assert_close(grads_g[name], grads_w[name], rtol=1e-5, atol=1e-7, msg=f"step {t} {name}")
+    assert want[-1][0] != want[0][0]  # the weights really moved between steps
+
+
+# ---------------------------------------------------------------- tokens per step and the aux weight
+
+
+class CountingStream:
+    def __init__(self, batches):
+        self.batches, self.taken = iter(batches), 0
+
+    def __call__(self):
+        self.taken += 1
+        return next(self.batches)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_tokens_per_step(k):
+    model = build_model(tiny(bptt_depth=k)).train()
+    for mode, per_step in (("window", 1), ("chunk", k + 1)):
+        stream = CountingStream(make_batches(4 * (k + 1), {}))
+        recurrence = make_recurrence(tiny(bptt_depth=k, bptt_mode=mode), model.init_memory(B), "cpu")
+        for step in range(1, 4):
+            mb = recurrence.step(model, stream)
+            recurrence.advance()
+            assert mb.inputs == per_step * B * N, mode
+            assert stream.taken == step * per_step, mode
+
+
+def raw_aux_nll(model, write: torch.Tensor) -> torch.Tensor:
+    """Mean NLL of aux_token_id from the write outputs [B, R, D], by hand through the tied plain softmax."""
+    logits = write @ model.head.weights[0].t() + model.head.bias
+    return -(logits.log_softmax(-1)[..., model.cfg.aux_token_id]).mean()
+
+
+@pytest.mark.parametrize("mode", ["window", "chunk"])
+def test_aux_loss_weight_does_not_change_with_k(mode):
+    """With every target ignored the micro-batch loss is the aux term alone: weight x the mean over the scored
+    segments of their write rows' aux NLL, for every k."""
+    weight = 0.3
+    for k in (0, 1, 3):
+        torch.manual_seed(2)
+        cfg = tiny(bptt_depth=k, bptt_mode=mode, aux_loss_weight=weight, aux_token_id=7)
+        model = build_model(cfg).eval()  # no dropout: the recorded write rows are the ones the loss used
+        batches = make_batches(3 * (k + 1), {})
+        for b in batches:
+            b.targets = torch.full_like(b.targets, -100)
+        forward = Recorder(model, batches)
+        stream = iter(batches)
+        recurrence = make_recurrence(cfg, model.init_memory(B), "cpu")
+        for _ in range(2):
+            forward.calls = []
+            mb = recurrence.step(forward, lambda: next(stream))
+            scored = forward.calls[-1:] if mode == "window" else forward.calls
+            raw = torch.stack([raw_aux_nll(model, c.out.memory.tokens) for c in scored]).mean()
+            assert float(mb.loss) == pytest.approx(weight * float(raw), rel=1e-5), (k, mode)
+            recurrence.advance()
+
+
+def test_non_rmt_archs_take_one_segment():
+    cfg = tiny(arch="txl", num_mem_tokens=0, mem_len=8)
+    model = build_model(cfg)
+    recurrence = make_recurrence(cfg, model.init_memory(B), "cpu")
+    assert isinstance(recurrence, SegmentRecurrence)
+    assert isinstance(make_recurrence(tiny(bptt_mode="chunk"), None, "cpu"), ChunkBPTT)
+    assert isinstance(make_recurrence(tiny(), None, "cpu"), WindowBPTT)  # the paper's schedule is the default

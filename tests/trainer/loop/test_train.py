@@ -1,0 +1,116 @@
+"""Trainer end to end on real DeepSpeed (CPU accelerator, gloo): tiny presets learn, the run folder is complete,
+configs that cannot work are refused up front.
+
+Cost and CI: DeepSpeed JIT-compiles its `deepspeed_shm_comm` op at the first CPU `initialize` (measured 26 s on
+this 2-core machine, ~1 min on others per DESIGN §9), then loads it from TORCH_EXTENSIONS_DIR (default
+~/.cache/torch_extensions). CI pays it once: the first test here that builds an engine absorbs it; `.ci/run` may
+keep TORCH_EXTENSIONS_DIR in its cache, keyed by CPU model (the build uses -march=native, never share it across
+CPU models). No other op is built: the optimizer is DeepSpeed's torch Adam (`deepspeed.torch_adam: true`).
+After that build, test_train.py + test_checkpoint.py take ~1 min on 2 cores: single-process runs share the
+pytest process (no interpreter or DeepSpeed start-up per run); multi-process runs and the killed run are
+subprocesses (`torchrun --standalone`, a free port each) and take most of that minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from support.training import ARCHS, make_data, metrics, overrides, preset, train_in_process
+
+os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")  # minutes: a deadlocked collective fails fast
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("train_data"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_preset_trains_and_loss_falls(arch, data, tmp_path):
+    rows = train_in_process(arch, data, tmp_path / "run", train__steps=30, train__lr="3e-3",
+                            train__save_every=0)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    first = sum(r["loss"] for r in rows[:5]) / 5
+    last = sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.3, (first, last)
+
+
+def test_run_folder_contents(data, tmp_path):
+    out = tmp_path / "run"
+    train_in_process("txl", data, out, train__steps=4, train__save_every=2, train__keep_last=1, train__grad_accum=2)
+    row = metrics(out)[-1]
+    for key in ("step", "loss", "lr", "tokens_per_s", "grad_norm", "ppl", "tokens"):
+        assert key in row
+    # grad_accum 2 x 2 lanes x 8 targets per step (every target scored: documents are longer than segments,
+    # except padding at document ends, hence <=)
+    assert 0 < row["tokens"] <= 4 * 2 * 2 * 8
+    ds = json.loads((out / "ds_config.json").read_text())
+    assert ds["gradient_accumulation_steps"] == 2 and ds["train_micro_batch_size_per_gpu"] == 2
+    assert ds["optimizer"]["params"]["torch_adam"] is True and "scheduler" not in ds
+    assert (out / "config.yaml").is_file() and (out / "eval").is_dir()
+    ckpts = out / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "global_step4"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["global_step4", "latest"]  # keep_last 1, no .tmp left
+
+
+def test_vocab_mismatch_refused(data, tmp_path, capsys):
+    from memlm.cli import main
+
+    rc = main(["train", preset("txl"), *overrides(data, model__vocab_size=300), "--out", str(tmp_path / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memlm: error:") and "model.vocab_size=300" in err and "256" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_arch_and_tokenizer_change_refused_on_resume(data, tmp_path, capsys):
+    from memlm.cli import main
+
+    out = tmp_path / "run"
+    train_in_process("txl", data, out, train__steps=2)
+    capsys.readouterr()
+    rc = main(["train", preset("lamemo"), *overrides(data), "--out", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "arch was 'txl', now 'lamemo'" in err and "Traceback" not in err
+    # A checkpoint of data prepared with another tokenizer (its identity differs).
+    meta_path = out / "checkpoints" / "global_step2" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tokenizer"]["sha256"] = "0" * 64
+    meta["tokenizer"]["kind"] = "word"
+    meta_path.write_text(json.dumps(meta))
+    rc = main(["train", preset("txl"), *overrides(data), "--out", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tokenizer was word" in err and "now bytes" in err
+
+
+def test_schedule_shapes():
+    from memlm.trainer.loop.schedule import lr_factor
+
+    kw = dict(steps=10, warmup_steps=2, min_lr_ratio=0.1)
+    assert lr_factor(0, schedule="cosine", **kw) == 0.5 and lr_factor(1, schedule="cosine", **kw) == 1.0
+    assert lr_factor(2, schedule="cosine", **kw) == 1.0
+    assert lr_factor(10, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_factor(6, schedule="linear", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(9, schedule="constant", **kw) == 1.0
+
+
+def test_ds_config_from_run_config(data):
+    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.loop.ds_config import deepspeed_config
+
+    cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=2, deepspeed__offload_optimizer="true",
+                                               deepspeed__precision="bf16", train__optimizer="adamw",
+                                               train__grad_accum=3, train__clip=0.5))
+    ds = deepspeed_config(cfg, world_size=4)
+    assert ds["train_batch_size"] == 2 * 3 * 4
+    assert ds["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    assert ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 0.5
+    assert ds["optimizer"]["type"] == "AdamW" and ds["zero_force_ds_cpu_optimizer"] is False
+    # ZeRO-3's bucket and persistence threshold reach DeepSpeed's zero_optimization block; unset, they are absent
+    zero3 = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=3, deepspeed__reduce_bucket_size=2000000,
+                                                 deepspeed__param_persistence_threshold=0))
+    assert deepspeed_config(zero3, world_size=2)["zero_optimization"] == {
+        "stage": 3, "reduce_bucket_size": 2000000, "stage3_param_persistence_threshold": 0}

@@ -1,0 +1,1 @@
+"""The run configuration: typed dataclasses, YAML presets with `inherit:`, dotted overrides."""

@@ -1,0 +1,1 @@
+"""Running a trained model: evaluation (perplexity per document), generation, and the attention analysis."""

@@ -1,0 +1,287 @@
+"""Evaluation (`memlm eval`, DESIGN §4 and §8): per-document memory, every token counted once across ranks.
+
+    result = evaluate(model, data_dir, "valid", lanes=4, seg_len=model.cfg.tgt_len, rank=r, world_size=w)
+    result = evaluate_run("runs/x", split="test", mem_mult=4)   # config + checkpoint -> JSON in runs/x/eval/
+
+The stream (LaneStream, mode="eval") gives every document to exactly one rank and lane and the same number of
+batches on every rank, so the loop below needs no end-of-data agreement: each rank sums its own NLL and token
+count in float64 and one all-reduce adds them. Memory is emptied by the model wherever `reset` is true (a new
+document), so a document's score does not depend on which lane, rank or neighbour it was read with.
+
+Weights come from the consolidated fp32 state dict of the DeepSpeed checkpoint (zero_to_fp32), which works at any
+world size and ZeRO stage; ZeRO-0 checkpoints hold no optimizer partitions, so their module weights are read
+directly. Memory length is configuration only, so the same weights load strictly at any --mem-len.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+from memlm.data_pipeline.stream import LaneStream
+from memlm.models import build_model, map_memory
+from memlm.models.config import ConfigError
+from memlm.trainer.config.run_config import RunConfig, eval_model_config, load_config, override_config
+from memlm.trainer.runtime.process import prepare_process, refit_threads
+
+RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "mem_len", "arch", "step")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The evaluation loop
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *, lanes: int, seg_len: int,
+             rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu", max_batches: int = 0,
+             continuous: bool = False, progress: bool = False, accuracy: bool = False) -> dict[str, Any]:
+    """Mean NLL of `split` under `model`; identical (up to summation order) for any world size and lane count.
+
+    Collective when world_size > 1: every rank must call it (torch.distributed already initialised).
+    max_batches > 0 stops early (every rank reads the same number of batches, so it stays collective-safe).
+    progress: rank 0 shows batches and scored tokens done with an ETA (a bar on a terminal, else a line every
+    15 s and one at the end, on stderr).
+    accuracy: also report `accuracy`, the fraction of scored targets that are the model's most likely token
+    (the algorithmic tasks' per-token answer accuracy, RMT Figure 4); it asks the model for its log-probabilities.
+    """
+    cfg = model.cfg
+    if cfg.tgt_len != seg_len:
+        # A model built for N targets is not asked for another N: rebuild it with eval.tgt_len instead.
+        raise ConfigError(f"evaluate: seg_len={seg_len} but the model was built with tgt_len={cfg.tgt_len}; "
+                          "build the model with the evaluation's target length")
+    stream = LaneStream(data_dir, split, rank=rank, world_size=world_size, lanes=lanes, seg_len=seg_len,
+                        mode="eval", continuous=continuous)
+    was_training = model.training
+    model.eval()
+    memory = model.init_memory(batch_size=lanes, device=device)
+    nll_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = torch.zeros((), dtype=torch.float64, device=device)
+    documents = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    from memlm.data_pipeline.progress import Meter
+
+    total = stream.num_batches if not max_batches else min(max_batches, stream.num_batches or max_batches)
+    meter = Meter(f"eval {split}", total=total, unit="batch", enabled=progress and rank == 0,
+                  tokens_label="scored tokens" if world_size == 1 else "rank-0 scored tokens")
+    try:
+        for step, batch in enumerate(stream):
+            if max_batches and step >= max_batches:
+                break
+            refit_threads()  # fewer threads while other processes keep this one's cores busy (trainer/runtime/process.py)
+            # Counted on the host copy: no device sync per batch for the display.
+            meter.update(1, tokens=int((batch.targets != -100).sum()) if meter.enabled else 0)
+            inputs, targets = batch.tokens.to(device), batch.targets.to(device)
+            reset = batch.reset.to(device)
+            out = model(inputs, memory, reset=reset, targets=targets, return_logits=accuracy)
+            memory = map_memory(torch.Tensor.detach, out.memory)
+            scored = targets != -100
+            if accuracy:
+                correct += ((out.logits.argmax(-1) == targets) & scored).sum()
+            # nll is 0 at ignored targets already; masking again guards against a NaN from a padded position.
+            nll_sum += torch.where(scored, out.nll, 0).double().sum()
+            tokens += scored.sum()
+            documents += (reset & batch.lane_active.to(device)).sum()
+    finally:
+        model.train(was_training)
+        meter.close(summary=True)
+    totals = torch.stack([nll_sum, tokens, documents, correct])
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    nll_total, n_tokens, n_docs, n_correct = (float(x) for x in totals.cpu())
+    if n_tokens == 0:  # every rank holds the same totals, so every rank raises: collective-safe
+        if max_batches:
+            raise DataError(f"evaluating split {split!r}: {max_batches} batch(es) of {lanes} lanes x {seg_len} tokens "
+                            "scored no target (tasks score their answer tokens only); raise train.eval_batches "
+                            "(0 reads the whole split)")
+        raise DataError(f"evaluating split {split!r} of {data_dir}: it holds no scored target token; prepare it "
+                        "again or evaluate another split")
+    result = summarize(split, nll_total, int(n_tokens), int(n_docs), cfg.tgt_len, cfg.mem_len, cfg.arch)
+    if accuracy:
+        result["accuracy"] = n_correct / n_tokens
+    return result
+
+
+def summarize(split: str, nll_total: float, tokens: int, documents: int, tgt_len: int, mem_len: int,
+              arch: str) -> dict[str, Any]:
+    """The §8 JSON object (without `step`) from summed NLL and counts."""
+    nll = nll_total / tokens if tokens else float("nan")
+    try:
+        ppl = math.exp(nll)
+    except OverflowError:  # an untrained or diverged model: report inf rather than fail
+        ppl = float("inf")
+    return {"split": split, "documents": documents, "tokens": tokens, "nll": nll, "ppl": ppl,
+            "bpc": nll / math.log(2), "tgt_len": tgt_len, "mem_len": mem_len, "arch": arch}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run folder -> config, checkpoint, JSON
+
+
+def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int | None = None,
+                 mem_len: int | None = None, mem_mult: float | None = None, clamp_len: int | None = None,
+                 same_length: bool | None = None, lanes: int | None = None, json_path: str | os.PathLike | None = None,
+                 tag: str | None = None, data_dir: str | os.PathLike | None = None,
+                 track: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Evaluate RUN_DIR's checkpoint (`tag`, default the `latest` one) and write the JSON (rank 0).
+
+    Every argument left None keeps the run's own setting. track: also log the result to the training run's MLflow
+    run (off for callers that log themselves, such as `memlm extrapolate`'s parallel tasks). progress: rank 0 shows
+    the pass's progress on stderr (off for `memlm extrapolate`'s tasks: its driver shows theirs). Runs collectively under torchrun / the deepspeed
+    launcher (a process group is created here when none exists and RANK/WORLD_SIZE are set).
+    User mistakes raise ConfigError / DataError with a one-line message, before any process group exists.
+    """
+    run_dir = Path(run_dir)
+    if lanes is not None and lanes < 1:
+        raise ConfigError(f"--lanes must be >= 1, got {lanes}")
+    cfg = resolve_eval_config(run_dir, split, tgt_len, mem_len, mem_mult, clamp_len, same_length)
+    ckpt_dir, tag = find_checkpoint(run_dir, tag)
+    data_dir = Path(data_dir or cfg.data.path)
+    manifest = load_manifest(data_dir)  # DataError naming the folder when it is missing
+    if split not in manifest.get("splits", {}):
+        raise DataError(f"{data_dir} has no split {split!r} (it has: {', '.join(manifest.get('splits', {}))})")
+    mcfg = eval_model_config(cfg)
+    check_vocab_size(manifest, mcfg.vocab_size)
+
+    prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
+    rank, world_size, device, owned = init_distributed()
+    try:
+        model = build_model(mcfg)
+        model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
+        model.to(device)
+        result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
+                          rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
+                          progress=progress, accuracy=is_task(manifest))
+    finally:
+        if owned:
+            import torch.distributed as dist
+
+            try:
+                dist.barrier()  # no rank tears gloo down while another still talks to it (a SIGABRT at exit)
+            finally:
+                dist.destroy_process_group()
+    result["step"] = step_of(tag)
+    if rank == 0:
+        path = Path(json_path) if json_path else (
+            run_dir / "eval" / f"{split}-step{result['step']}-tgt{result['tgt_len']}-mem{result['mem_len']}.json")
+        write_json(result, path)
+        from memlm.trainer.tracking.tracker import log_eval_result  # mlflow itself is imported only if the run is tracked
+
+        if track:
+            log_eval_result(cfg, run_dir, result, path)
+    return result
+
+
+def is_task(manifest: dict) -> bool:
+    """A data folder of an algorithmic task (`memlm prepare --corpus task`): its evaluations report accuracy."""
+    return (manifest.get("corpus") or {}).get("kind") == "task"
+
+
+def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, clamp_len, same_length) -> RunConfig:
+    """The run's resolved config with the evaluation settings applied (and validated: impossible ones refused)."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"run folder {run_dir} does not exist")
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{config_path} is missing: {run_dir} is not a run folder written by `memlm train`")
+    if mem_len is not None and mem_mult is not None:
+        raise ConfigError(f"--mem-len {mem_len} and --mem-mult {mem_mult} are both set; give one")
+    cfg = load_config(config_path)
+    overrides: dict[str, Any] = {"eval.split": split}
+    if tgt_len is not None:
+        overrides["eval.tgt_len"] = tgt_len
+    if mem_len is not None:  # an explicit length replaces a multiplier stored in the run's eval section
+        overrides.update({"eval.mem_len": mem_len, "eval.mem_mult": 0.0})
+    if mem_mult is not None:
+        if mem_mult <= 0:
+            raise ConfigError(f"--mem-mult must be > 0, got {mem_mult}")
+        overrides.update({"eval.mem_mult": float(mem_mult), "eval.mem_len": -1})
+    if clamp_len is not None:
+        overrides["eval.clamp_len"] = clamp_len
+    if same_length is not None:
+        overrides["eval.same_length"] = same_length
+    return override_config(cfg, overrides)
+
+
+def find_checkpoint(run_dir: Path, tag: str | None) -> tuple[Path, str]:
+    """(RUN_DIR/checkpoints, tag), the tag read from `latest` unless given; ConfigError when there is none."""
+    ckpt_dir = run_dir / "checkpoints"
+    if tag is None:
+        latest = ckpt_dir / "latest"
+        if not latest.is_file():
+            raise ConfigError(f"{run_dir} has no checkpoint ({latest} is missing): train it first or name a run "
+                              "folder that saved one")
+        tag = latest.read_text().strip()
+    if not tag or not (ckpt_dir / tag).is_dir():
+        raise ConfigError(f"checkpoint {ckpt_dir / tag} is missing (the `latest` file points at it)")
+    return ckpt_dir, tag
+
+
+def step_of(tag: str) -> int | None:
+    """global_step40 -> 40; None for a tag without a trailing number."""
+    match = re.search(r"(\d+)$", tag)
+    return int(match.group(1)) if match else None
+
+
+def load_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """The fp32 module state dict of a DeepSpeed checkpoint at any ZeRO stage and world size."""
+    from memlm.trainer.checkpoint import store as checkpoint
+    from memlm.trainer.runtime.quiet import import_deepspeed
+
+    import_deepspeed(ckpt_dir.parent)  # reading DeepSpeed's files imports it: its start-up lines go to the run's log
+    folder = ckpt_dir / tag
+    checkpoint.verify_folder(folder)  # zero_to_fp32 unpickles in full: refuse a file that could run code first
+    if any(folder.glob("*_optim_states.pt")):
+        # ZeRO 1-3 (and DeepSpeed's bf16 optimizer): the fp32 master weights live in the optimizer partitions.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
+    else:
+        # ZeRO-0 keeps no partitions: the module weights are the model state file itself.
+        files = sorted(folder.glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise ConfigError(f"checkpoint {folder} holds neither model nor optimizer states")
+        state = checkpoint.safe_load(files[0], allow=checkpoint.deepspeed_safe_types())["module"]
+    # An engine wrapping the model may have saved "module."-prefixed names.
+    return {k.removeprefix("module."): (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+
+
+def write_json(result: dict[str, Any], path: Path) -> Path:
+    """Written aside and renamed, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Process group: the minimal kind evaluation needs (the trainer has its own)
+
+
+def init_distributed() -> tuple[int, int, torch.device, bool]:
+    """(rank, world_size, device, owned): reuse an initialised group; create one under torchrun / the deepspeed
+    launcher (RANK and WORLD_SIZE set); else a single process without a group. `owned`: we created it."""
+    import torch.distributed as dist
+
+    use_cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), device, False
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and "RANK" in os.environ:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        return dist.get_rank(), dist.get_world_size(), device, True
+    return 0, 1, device, False

@@ -1,0 +1,269 @@
+"""How a micro-batch walks the recurrence: which segments are forwarded, what the loss is, what carries over.
+
+Shape legend: B lanes (data.batch_size), N segment length, k = model.bptt_depth.
+
+Three schedules, one per kind of model state, each owning the per-rank state that a checkpoint saves
+(`state_dict` / `load_state_dict`):
+
+* `SegmentRecurrence` (transformer, txl, lamemo): one new segment per micro-batch; the memory is carried to the
+  next micro-batch cut from the graph (Transformer-XL and LaMemo stop gradients at the cache anyway).
+* `WindowBPTT` (rmt, `bptt_mode: window`, the RMT paper): one new segment per micro-batch, like every other arch.
+  The lanes' last k segments (tokens, targets, reset flags and the Transformer-XL cache each one read when it was
+  new) are replayed with the current weights, in the same graph, from the memory tokens before the oldest of them,
+  so the new segment's loss backpropagates through exactly the last k memory transitions (fewer where a document
+  start inside the window reset the memory, which cuts the path). k + 1 forwards per micro-batch, B x N new tokens.
+  The loss is the new segment's; `bptt_replay_loss: true` also scores the replayed segments.
+* `ChunkBPTT` (rmt, `bptt_mode: chunk`): k + 1 *new* segments per micro-batch in one graph, detached between
+  micro-batches (truncated BPTT: the segments' losses reach 0, 1, ..., k earlier segments, mean k/2, and a step
+  consumes (k + 1) x B x N tokens). Cheaper than the window; not what the paper trains.
+
+The loss of a micro-batch is the summed NLL over the scored segments' non-ignored targets divided by their count,
+plus RMT's auxiliary memory loss averaged over the scored segments (so its weight is aux_loss_weight whatever k
+and the schedule). The figures reported back (nll, count, inputs) describe the *new* data only, so the logged
+training loss and token counts mean the same thing in every schedule.
+
+Window detail: after the step, the window slides by one segment; the memory before its new oldest segment is the
+one this step's replay computed (current weights, cut from the graph). The cache a replayed segment reads is the
+one it read when it was new (the cache is stop-gradient, so nothing flows through it either way).
+
+A skipped step (non-finite loss or gradient, trainer/loop/train.py) ends with `clear()`: every lane's memory emptied
+and RMT's replay window dropped, so nothing computed by the forward that went wrong is carried or replayed, and no
+lane can read across a document start that fell inside the skipped segments.
+
+Saved state is tensors and plain values only (a checkpoint is read with torch.load(weights_only=True), so it
+cannot run code): `plain_state` turns a memory dataclass (or a Segment) into a dict of its fields, and
+`load_state_dict` rebuilds the objects on this run's own empty memory, which fixes their types; a saved state
+whose fields do not match is refused naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from memlm.models import map_memory
+
+
+class RecurrenceStateError(ValueError):
+    """A checkpoint's recurrent state that this run's schedule cannot continue; the message says how."""
+
+
+@dataclass
+class MicroBatch:
+    loss: Tensor  # scalar in the graph: what engine.backward gets
+    nll: Tensor  # summed NLL over the new segments' scored targets (detached; read it after the step, no sync)
+    count: int  # those targets
+    inputs: int  # new input tokens (B x N per new segment)
+
+
+@dataclass
+class Segment:
+    """One segment of every lane as it was read: what a replay needs to run it again."""
+
+    tokens: Tensor  # [B, N]
+    targets: Tensor  # [B, N], -100 = ignore
+    reset: Tensor  # [B] bool: the lane started a new document here
+    cache: Any  # the Transformer-XL cache (TXLMemory) the segment read, detached
+
+
+def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT | WindowBPTT":
+    """The schedule for model_cfg, starting from `memory` (the model's init_memory)."""
+    if model_cfg.arch != "rmt":
+        return SegmentRecurrence(memory, device)
+    if model_cfg.bptt_mode == "chunk":
+        return ChunkBPTT(memory, device, model_cfg.bptt_depth)
+    return WindowBPTT(memory, device, model_cfg.bptt_depth, model_cfg.bptt_replay_loss)
+
+
+def plain_state(state: Any) -> Any:
+    """A memory state (dataclasses, lists, tensors, ints) as dicts, lists, CPU tensors and plain values."""
+    if isinstance(state, Tensor):
+        return state.detach().cpu()
+    if isinstance(state, (list, tuple)):
+        return [plain_state(s) for s in state]
+    if dataclasses.is_dataclass(state):
+        return {f.name: plain_state(getattr(state, f.name)) for f in dataclasses.fields(state)}
+    return state
+
+
+def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
+    """plain_state's inverse: `saved` rebuilt into `template`'s types (a fresh state of this run) on `device`."""
+    if dataclasses.is_dataclass(template):
+        names = {f.name for f in dataclasses.fields(template)}
+        if not isinstance(saved, dict) or set(saved) != names:
+            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise RecurrenceStateError(f"the checkpoint's {where} has fields {got}, this run's has {sorted(names)}; "
+                                       "resume with the model settings of the checkpoint, or start a new run folder")
+        return dataclasses.replace(template, **{n: rebuild_state(getattr(template, n), saved[n], device, f"{where}.{n}")
+                                                for n in names})
+    if isinstance(template, list):
+        if not isinstance(saved, list):
+            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a list")
+        # Lists hold one kind of element (per-layer tensors, window segments): the first one types them all.
+        element = template[0] if template else None
+        return [rebuild_state(element, s, device, f"{where}[{i}]") for i, s in enumerate(saved)]
+    if isinstance(template, Tensor) or isinstance(saved, Tensor):
+        if not isinstance(saved, Tensor):
+            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a tensor")
+        return saved.to(device)
+    return saved
+
+
+def _detached(memory: Any) -> Any:
+    return memory.detached() if hasattr(memory, "detached") else map_memory(lambda t: t.detach(), memory)
+
+
+def _segment_figures(out, targets: Tensor) -> tuple[Tensor, int]:
+    return out.nll.float().sum(), int((targets != -100).sum())
+
+
+def _aux_mean(outs: list) -> Tensor | float:
+    aux = [o.aux_loss for o in outs if o.aux_loss is not None]
+    return torch.stack(aux).mean() if aux else 0.0
+
+
+class _Recurrence:
+    kind = ""
+
+    def __init__(self, memory: Any, device):
+        self.memory, self.device = memory, device
+        self.empty = memory  # the model's init_memory: what clear() goes back to
+
+    def clear(self) -> None:
+        """Every lane's memory emptied, as at a document start (after a skipped step, trainer/loop/train.py)."""
+        self.memory = map_memory(torch.clone, self.empty)
+
+    def _read(self, next_batch: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
+        batch = next_batch()
+        return batch.tokens.to(self.device), batch.targets.to(self.device), batch.reset.to(self.device)
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "memory": plain_state(self.memory)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_kind(state)
+        self.memory = rebuild_state(self.memory, state["memory"], self.device, "memory")
+
+    def _check_kind(self, state: dict) -> None:
+        saved = state.get("kind", SegmentRecurrence.kind if "memory" in state else None)
+        if saved != self.kind:
+            raise RecurrenceStateError(
+                f"the checkpoint's recurrent state is {saved!r} but this run uses {self.kind!r}; set model.bptt_mode "
+                "back to the checkpoint's, or start a new run folder")
+
+
+class SegmentRecurrence(_Recurrence):
+    """One new segment per micro-batch, memory carried across micro-batches cut from the graph."""
+
+    kind = "segment"
+
+    def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
+        tokens, targets, reset = self._read(next_batch)
+        out = forward(tokens, self.memory, reset=reset, targets=targets)
+        nll, count = _segment_figures(out, targets)
+        self._next = out.memory
+        loss = nll / max(count, 1) + _aux_mean([out])
+        return MicroBatch(loss, nll.detach(), count, tokens.numel())
+
+    def advance(self) -> None:
+        """After the backward: carry the memory on, cut from this micro-batch's graph."""
+        self.memory, self._next = _detached(self._next), None
+
+
+class ChunkBPTT(_Recurrence):
+    """k + 1 new segments per micro-batch in one graph (truncated BPTT), see the module docstring."""
+
+    kind = "rmt-chunk"
+
+    def __init__(self, memory: Any, device, depth: int):
+        super().__init__(memory, device)
+        self.depth = depth
+
+    def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
+        memory, outs, nll, count, inputs = self.memory, [], None, 0, 0
+        for _ in range(self.depth + 1):
+            tokens, targets, reset = self._read(next_batch)
+            out = forward(tokens, memory, reset=reset, targets=targets)
+            seg_nll, seg_count = _segment_figures(out, targets)
+            nll = seg_nll if nll is None else nll + seg_nll
+            count, inputs = count + seg_count, inputs + tokens.numel()
+            outs.append(out)
+            memory = out.memory
+        self._next = memory
+        loss = nll / max(count, 1) + _aux_mean(outs)
+        return MicroBatch(loss, nll.detach(), count, inputs)
+
+    def advance(self) -> None:
+        self.memory, self._next = _detached(self._next), None
+
+
+class WindowBPTT(_Recurrence):
+    """The RMT paper's BPTT: replay the last k segments before each new one, see the module docstring.
+
+    State: `memory` holds the memory tokens before the oldest window segment (its `cache` field is the cache after
+    the newest segment, which the next new segment reads); `window` the up to k segments to replay, oldest first.
+    """
+
+    kind = "rmt-window"
+
+    def __init__(self, memory: Any, device, depth: int, replay_loss: bool = False):
+        super().__init__(memory, device)
+        self.depth, self.replay_loss = depth, replay_loss
+        self.window: list[Segment] = []
+
+    def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
+        tokens, targets, reset = self._read(next_batch)
+        memory = dataclasses.replace(self.memory, transitions=0)  # cut from every earlier graph
+        scored, after_replay, nll, count = [], [], None, 0
+        for seg in self.window:
+            out = forward(seg.tokens, dataclasses.replace(memory, cache=seg.cache), reset=seg.reset,
+                          targets=seg.targets if self.replay_loss else None)
+            if self.replay_loss:
+                seg_nll, seg_count = _segment_figures(out, seg.targets)
+                nll, count = (seg_nll if nll is None else nll + seg_nll), count + seg_count
+                scored.append(out)
+            memory = out.memory
+            after_replay.append(memory)
+        out = forward(tokens, dataclasses.replace(memory, cache=self.memory.cache), reset=reset, targets=targets)
+        new_nll, new_count = _segment_figures(out, targets)
+        nll, count = (new_nll if nll is None else nll + new_nll), count + new_count
+        scored.append(out)
+        self._next = (Segment(tokens, targets, reset, self.memory.cache), out.memory,
+                      after_replay[0] if after_replay else out.memory)
+        loss = nll / max(count, 1) + _aux_mean(scored)
+        return MicroBatch(loss, new_nll.detach(), new_count, tokens.numel())
+
+    def advance(self) -> None:
+        """Slide the window by the segment just read, keeping at most k segments."""
+        segment, newest, after_oldest = self._next
+        self._next = None
+        self.window.append(segment)
+        start = self.memory
+        if len(self.window) > self.depth:
+            self.window.pop(0)
+            start = after_oldest
+        self.memory = dataclasses.replace(_detached(start), cache=_detached(newest.cache))
+
+    def clear(self) -> None:
+        """Memory emptied and nothing left to replay: the next segment's loss reaches no earlier segment."""
+        super().clear()
+        self.window = []
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "memory": plain_state(self.memory), "window": plain_state(self.window)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_kind(state)
+        empty = torch.empty(0)
+        segment = Segment(tokens=empty, targets=empty, reset=empty, cache=self.memory.cache)
+        self.memory = rebuild_state(self.memory, state["memory"], self.device, "memory")
+        self.window = rebuild_state([segment], state["window"], self.device, "window")
+        if len(self.window) > self.depth:
+            raise RecurrenceStateError(
+                f"the checkpoint replays {len(self.window)} segments but model.bptt_depth is {self.depth}; set "
+                "model.bptt_depth back to the checkpoint's, or start a new run folder")

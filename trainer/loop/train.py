@@ -1,0 +1,468 @@
+"""`memlm train`: one DeepSpeed engine (world size 1 included) over LaneStream batches with recurrent memory.
+
+Units. A step is one optimizer step = train.grad_accum micro-batches. A micro-batch is the next segment of this
+rank's data.batch_size lanes (RMT's default window BPTT replays the lanes' last bptt_depth segments before it in
+the same graph; RMT's `bptt_mode: chunk` takes bptt_depth + 1 new segments instead): trainer/loop/recurrence.py.
+Loss of a micro-batch = summed NLL over the scored targets / their count (+ RMT's aux loss, once per scored
+segment); engine.backward once per micro-batch and engine.step after each (DeepSpeed steps the optimizer and the
+client LambdaLR only on the accumulation boundary).
+
+Memory. It lives per rank outside the engine, in the recurrence object, and is carried from segment to segment and
+from micro-batch to micro-batch, so every lane reads one continuous stream across accumulation and step
+boundaries; a lane's memory is cleared by the model where batch.reset is true (a new document). Between
+micro-batches it is cut from the graph.
+
+Resume. A checkpoint holds the engine state plus, per rank, the recurrent state (memory, RMT's replay window),
+stream cursor and RNG states, so a resumed run takes exactly the steps an uninterrupted run would (bit-identical
+in fp32 on CPU).
+
+ZeRO-3 works because the models read every parameter through a module call (see models/backbone.py
+LearnedTensors); ZeRO 0-3 with 2 ranks give the same losses (tests/trainer/checkpoint/test_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from memlm.trainer.checkpoint import store as checkpoint, run_folder
+from memlm.trainer.runtime import distributed, process as runtime
+from . import nonfinite
+from .preemption import Interrupted, Preempted, StopRequest
+
+
+class TrainingStopped(checkpoint.ResumeError):
+    """train.max_bad_steps steps in a row were skipped (non-finite loss or gradient): the run stops, exit 2 (the
+    command line prints the message, which names the last good checkpoint, as one line)."""
+
+
+def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
+        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None, overwrite: bool = False) -> Path:
+    """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
+
+    A folder that already holds a run is refused unless `resume` (continue it) or `overwrite` (delete it first):
+    trainer/checkpoint/run_folder.py. A SIGTERM saves at the next step boundary and raises Preempted (trainer/loop/preemption.py).
+
+    stop_at: leave after that step with a checkpoint, as a preempted job would (the schedule still spans
+    train.steps, so `--resume` continues the same trajectory).
+    reporter: called on rank 0 with every metrics row (the metrics.jsonl line) and, after each validation pass,
+    with {"step", "valid_nll", "valid_ppl", "valid_bpc"}; a Ray Tune trial forwards them to tune.report.
+    """
+    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+
+    manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
+    check_vocab_size(manifest, cfg.model.vocab_size)
+    run_dir = Path(out or Path("runs") / cfg.model.arch)
+    ckpt_dir = run_dir / "checkpoints"
+    info = distributed.setup_env()
+    run_folder.claim(run_dir, resume, overwrite, info.rank)
+    runtime.prepare_process(who="train")  # threads that fit this rank's cores; the op cache of this environment
+    if cfg.deepspeed.precision == "fp16" and info.device == "cpu":
+        from memlm.models.config import ConfigError
+
+        # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
+        raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
+                          "use deepspeed.precision=bf16 or fp32 on this machine")
+    meta = {"world_size": info.world_size, "arch": cfg.model.arch, "tokenizer": _tokenizer_id(manifest),
+            "seed": cfg.train.seed}
+    tag = checkpoint.latest_tag(ckpt_dir) if resume else None
+    if tag is not None and not reshard:  # refuse before the (slow) engine build
+        checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
+    if tag is not None:  # DeepSpeed unpickles its files in full: prove first that none of them can run code
+        checkpoint.verify_folder(ckpt_dir / tag)
+    if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
+        print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
+    return Trainer(cfg, run_dir, info, meta, manifest, reporter).fit(tag, reshard, stop_at)
+
+
+def _tokenizer_id(manifest: dict) -> dict:
+    tok = manifest["tokenizer"]
+    return {k: tok.get(k) for k in ("kind", "vocab_size", "sha256")}
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict,
+                 reporter: Callable[[dict], None] | None = None):
+        self.cfg, self.run_dir, self.info, self.meta, self.manifest = cfg, run_dir, info, meta, manifest
+        self.reporter = reporter if info.rank == 0 else None
+        self.rank = info.rank
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.stop = StopRequest(cfg.train.stop_grace_s, self.rank, self._last_checkpoint)
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import deepspeed
+        import torch
+
+        from memlm.data_pipeline.stream import LaneStream
+        from memlm.models import build_model
+
+        from memlm.trainer.config.run_config import dump_yaml
+        from .ds_config import deepspeed_config
+        from .recurrence import make_recurrence
+        from .schedule import make_scheduler
+
+        cfg = self.cfg
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        distributed.init(self.info, log_dir=self.run_dir)  # DeepSpeed's set-up prints go to RUN_DIR/library.log
+        # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
+        seed_everything(cfg.train.seed)
+        model = build_model(cfg.model)
+        seed_everything(cfg.train.seed + 1000 * self.rank)
+        self.ds_conf = deepspeed_config(cfg, self.info.world_size)
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "eval").mkdir(exist_ok=True)
+            dump_yaml(cfg, self.run_dir / "config.yaml")
+            (self.run_dir / "ds_config.json").write_text(json.dumps(self.ds_conf, indent=2) + "\n")
+        from memlm.trainer.runtime.quiet import route_library_loggers
+
+        route_library_loggers(self.run_dir)  # DeepSpeed's INFO lines to RUN_DIR/library.log, warnings to the console
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
+        if self.info.world_size == 1 and cfg.deepspeed.zero_stage == 0:
+            # One rank has nothing to average, yet DeepSpeed would still flatten every gradient into buckets,
+            # all-reduce them over gloo and copy them back (~5% of a CPU step, bench/bench_trainer.py). DeepSpeed
+            # takes this same path itself when it has no process group. ZeRO >= 1 partitions through the
+            # reduction, so it keeps it.
+            self.engine.enable_backward_allreduce = False
+        self.device = self.engine.device
+        self.stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len,
+                                             rank=self.rank, world_size=self.info.world_size)
+        self.recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=self.device),
+                                          self.device)
+        self.step, self.tokens_seen = 0, 0
+        self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
+        self.poison = nonfinite.Poison(self.rank)
+
+    def _restore(self, tag: str, reshard: bool) -> None:
+        from .recurrence import RecurrenceStateError
+
+        if reshard:
+            self._load_resharded(tag)
+            return
+        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag)
+        if path is None:
+            raise checkpoint.ResumeError(f"DeepSpeed could not load {self.ckpt_dir / tag}")
+        state = checkpoint.load_rank_state(self.ckpt_dir, tag, self.rank)
+        try:
+            # Checkpoints written before the recurrence objects held the memory at the top level.
+            self.recurrence.load_state_dict(state.get("recurrence") or {"memory": state["memory"]})
+        except RecurrenceStateError as exc:
+            raise checkpoint.ResumeError(f"cannot resume from {self.ckpt_dir / tag}: {exc}") from None
+        self.stream.load_state_dict(state["stream"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.tokens_seen = state["step"], state["tokens"]
+        self.skipped_steps = state.get("skipped_steps", 0)  # a checkpoint is only written after a good step
+
+    def _load_resharded(self, tag: str) -> None:
+        # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
+        # evaluate.load_weights reads any ZeRO stage (zero_to_fp32 alone fails on a ZeRO-0 folder, which holds no
+        # optimizer partitions) and refuses a file that could run code.
+        from memlm.trainer.inference.evaluate import load_weights
+
+        state = load_weights(self.ckpt_dir, tag)
+        if self.cfg.deepspeed.zero_stage == 3:
+            from deepspeed import zero
+
+            params = list(self.engine.module.parameters())
+            with zero.GatheredParameters(params, modifier_rank=0):
+                if self.rank == 0:
+                    self.engine.module.load_state_dict(state, strict=False)
+        else:
+            self.engine.module.load_state_dict(state, strict=False)
+        if self.rank == 0:
+            # Printed, not warnings.warn: it must be seen every time, whatever the warning filters say.
+            print(f"memlm train: warning: --reshard loaded only the weights of {self.ckpt_dir / tag}; optimizer "
+                  "state, lr schedule and data position start over", file=sys.stderr)
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def _train_step(self) -> dict:
+        """train.grad_accum micro-batches (trainer/loop/recurrence.py), engine.backward once each, engine.step after each
+        (DeepSpeed steps the optimizer on the last). Before that last engine.step one all-reduce adds every rank's
+        NLL, target and token counts and its non-finite flags (loss; at ZeRO-0 also the gradient norm, which the
+        optimizer does not check there): any flag skips the update on every rank alike (trainer/loop/nonfinite.py).
+        ZeRO 1-3 also skip on a non-finite global gradient norm inside DeepSpeed, seen here as engine.skipped_steps."""
+        import torch
+
+        engine, device = self.engine, self.device
+        lr = engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
+        self.poison.param(self.step + 1, engine.module)
+        nll, count, inputs = [], 0, 0
+        bad_loss = torch.zeros((), dtype=torch.bool, device=device)
+        ds_skipped_before, skip, grad_norm = engine.skipped_steps, False, None
+        for micro in range(self.cfg.train.grad_accum):
+            batch = self.recurrence.step(engine, lambda: next(self.stream))
+            loss = self.poison.loss(self.step + 1, micro, batch.loss)
+            engine.backward(loss)
+            checkpoint.kill_point("step", self.step + 1, self.rank)  # test hook: a preemption mid-step
+            bad_loss |= ~torch.isfinite(loss.detach())  # stays on the device: no sync per micro-batch
+            nll.append(batch.nll)
+            count, inputs = count + batch.count, inputs + batch.inputs
+            if engine.is_gradient_accumulation_boundary():
+                figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss,
+                                                 self.stop.requested)
+                skip = figures[3] > 0 or figures[4] > 0
+                if skip:
+                    with nonfinite.skipped_update(engine.optimizer):
+                        engine.step()
+                else:
+                    engine.step()
+            else:
+                engine.step()
+            self.recurrence.advance()
+            if micro < self.cfg.train.grad_accum - 1:  # test hook: a preemption between micro-batches
+                checkpoint.kill_point("micro", self.step + 1, self.rank)
+        ds_skipped = engine.skipped_steps > ds_skipped_before
+        if skip and not ds_skipped:  # the skip is the whole point: never let it pass silently
+            raise RuntimeError(f"DeepSpeed applied step {self.step + 1}, which memlm asked it to skip "
+                               f"(optimizer {type(engine.optimizer).__name__})")
+        self.step += 1
+        if skip or ds_skipped:
+            return {**self._skipped(figures), "stop": figures[5] > 0}
+        self.bad_streak = 0
+        self.tokens_seen += int(figures[1])
+        # What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's.
+        if engine.get_global_grad_norm() is not None:
+            grad_norm = engine.get_global_grad_norm()
+        return {"loss": figures[0] / max(figures[1], 1), "inputs": int(figures[2]), "lr": lr,
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False,
+                "stop": figures[5] > 0}
+
+    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> tuple[list[float], float | None]:
+        """[nll, targets, inputs, ranks with a non-finite loss, ranks with a non-finite gradient norm, ranks asked
+        to stop by SIGTERM] summed over ranks (the step's one all-reduce, and its one host read), and the ZeRO-0
+        gradient norm."""
+        import torch
+        import torch.distributed as dist
+
+        grad_norm = None
+        bad_grad = torch.zeros((), dtype=torch.bool, device=self.device)
+        if self.cfg.deepspeed.zero_stage == 0:
+            # The gradients are whole (and averaged over ranks) here, so their norm is the global one, before
+            # clipping, as ZeRO reports it. One pass over them: the check a plain torch optimizer lacks.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+            bad_grad, grad_norm = ~torch.isfinite(norm), norm
+        summed = torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=self.device),
+                              torch.tensor(float(inputs), dtype=torch.float64, device=self.device),
+                              bad_loss.double(), bad_grad.double(),
+                              torch.tensor(float(stop), dtype=torch.float64, device=self.device)])
+        if self.info.world_size > 1:
+            dist.all_reduce(summed)
+        figures = summed.tolist()
+        return figures, (float(grad_norm) if grad_norm is not None else None)
+
+    def _skipped(self, figures: list[float]) -> dict:
+        """After a skipped step: count it, empty the memory, say so on rank 0; the metrics row holds no loss."""
+        self.skipped_steps += 1
+        self.bad_streak += 1
+        # The memory this step carried forward came from a forward that went wrong (it may hold inf/NaN); going
+        # back to the memory before the step would hand a lane that started a new document inside the skipped
+        # segments its previous document's memory. Empty memory is what every lane has at a document start.
+        self.recurrence.clear()
+        world = self.info.world_size
+        if figures[3] > 0:
+            why = f"the loss was not finite on {int(figures[3])} of {world} rank(s)"
+        else:
+            why = "the gradient norm was not finite"
+        if self.rank == 0:
+            print(f"memlm train: warning: step {self.step} skipped: {why}; weights, optimizer state and learning-rate "
+                  f"schedule unchanged, memory emptied ({self.bad_streak} in a row, train.max_bad_steps="
+                  f"{self.cfg.train.max_bad_steps})", file=sys.stderr, flush=True)
+        return {"loss": None, "inputs": int(figures[2]), "lr": self.engine.get_lr()[0], "grad_norm": None,
+                "skipped": True}
+
+    # -- loop --------------------------------------------------------------------------------------------------
+    def fit(self, tag: str | None, reshard: bool, stop_at: int | None = None) -> Path:
+        from .progress import Progress
+
+        self._build()
+        if tag is not None:
+            self._restore(tag, reshard)
+            self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
+                      f"weights of {self.ckpt_dir / tag} loaded; training from step 0")
+        if self.rank == 0:  # what the folder says now matches the step training continues from
+            run_folder.rewind(self.run_dir, self.step, reshard=reshard and tag is not None)
+        tracker = self._tracker()
+        cfg = self.cfg.train
+        progress = Progress(self.rank, self.step, cfg.steps)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        status = "FAILED"
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        try:
+            with self.stop.installed():
+                self._loop(tracker, progress, metrics_path, end)
+            status = "FINISHED"
+        except Preempted:
+            status = "KILLED"
+            raise
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise Interrupted(f"at step {self.step}; {self._last_checkpoint()}") from None
+        except SystemExit:
+            # Ray Tune stops a trial (ASHA, a stop criterion) by sys.exit(0) inside tune.report, in the trial's
+            # thread: the run was ended from outside, not failed. The sweep also marks it KILLED once the trial
+            # is over; this side must agree, whichever of the two writes last.
+            status = "KILLED"
+            raise
+        finally:
+            progress.close()
+            tracker.finish(status)
+        return self.run_dir
+
+    def _loop(self, tracker, progress, metrics_path: Path, end: int) -> None:
+        cfg = self.cfg.train
+
+        def logged(step: int) -> bool:  # steps that write a metrics row (and so need their grad norm)
+            return step % cfg.log_every == 0 or step == end
+
+        window_start, window_inputs = time.perf_counter(), 0
+        while self.step < end:
+            runtime.refit_threads()  # fewer threads while other processes keep this rank's cores busy
+            result = self._train_step()
+            window_inputs += result["inputs"]
+            if logged(self.step) or result["skipped"]:
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                loss = result["loss"]  # None on a skipped step: a row never reports a NaN
+                row = {"step": self.step, "loss": loss,
+                       "ppl": math.exp(min(loss, 50.0)) if loss is not None else None,
+                       "lr": result["lr"], "grad_norm": result["grad_norm"],
+                       "tokens_per_s": window_inputs / elapsed, "tokens": self.tokens_seen,
+                       "skipped_steps": self.skipped_steps, "peak_mem_mb": peak_memory_mb(self.device)}
+                if self.rank == 0:
+                    with metrics_path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                tracker.log_metrics(self.step, {k: v for k, v in row.items() if k != "step" and v is not None})
+                if not result["skipped"]:  # a skipped step has said so in its own line
+                    progress.update(row)
+                if self.reporter is not None:
+                    self.reporter(row)
+                window_start, window_inputs = time.perf_counter(), 0
+            if self.bad_streak >= cfg.max_bad_steps:
+                raise TrainingStopped(self._stop_message())
+            stop = result["stop"] and self.step < end  # a SIGTERM during the last step: the run is complete
+            # A validation due at this step runs even when stopping: a resume continues after the step and would
+            # never run it (the grace period must cover it; train.eval_batches bounds it).
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                self._evaluate(tracker)
+            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end or stop:
+                self._save_unless_skipped(progress)
+            if stop:
+                raise Preempted(f"stopped by SIGTERM after step {self.step}; {self._last_checkpoint()}")
+
+    def _save_unless_skipped(self, progress) -> None:
+        if self.bad_streak == 0:
+            self.save()
+            progress.note(f"checkpoint saved at step {self.step}: {self.ckpt_dir / checkpoint.tag_for(self.step)}")
+        elif self.rank == 0:  # the weights may be what goes wrong: keep the last good checkpoint
+            print(f"memlm train: warning: no checkpoint at step {self.step}: the last step was skipped",
+                  file=sys.stderr, flush=True)
+
+    def _last_checkpoint(self) -> str:
+        tag = checkpoint.latest_tag(self.ckpt_dir)
+        return (f"the last checkpoint is {self.ckpt_dir / tag}: rerun with --resume to continue" if tag else
+                "no checkpoint was written: the run starts over")
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"memlm train: {message}", file=sys.stderr, flush=True)
+
+    def _stop_message(self) -> str:
+        tag = checkpoint.latest_tag(self.ckpt_dir)
+        last = (f"the last good checkpoint {self.ckpt_dir / tag} is untouched; resume from it" if tag else
+                "no checkpoint was written; start again")
+        return (f"training stopped at step {self.step}: {self.bad_streak} steps in a row had a non-finite loss or "
+                f"gradient norm (train.max_bad_steps={self.cfg.train.max_bad_steps}); {last} with a lower train.lr "
+                "or train.clip, or look for bad data or weights near this step")
+
+    def save(self) -> str:
+        state = {"recurrence": self.recurrence.state_dict(), "stream": self.stream.state_dict(),
+                 "rng": checkpoint.rng_state(), "step": self.step, "tokens": self.tokens_seen,
+                 "skipped_steps": self.skipped_steps, **self.meta}
+        return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, state, self.meta,
+                               self.cfg.train.keep_last)
+
+    def _tracker(self):
+        try:
+            from memlm.trainer.tracking.tracker import Tracker
+        except ImportError:
+            return _NoTracker()
+        tracker = Tracker(self.cfg.tracking, self.run_dir, self.rank, self.cfg)
+        tracker.set_tags({"arch": self.cfg.model.arch})
+        if self.rank == 0:
+            for name in ("config.yaml", "ds_config.json"):
+                tracker.log_artifact(self.run_dir / name)
+        return tracker
+
+    def _evaluate(self, tracker) -> None:
+        try:
+            from memlm.trainer.inference.evaluate import evaluate
+        except ImportError:
+            if self.rank == 0:
+                warnings.warn("trainer.inference.evaluate is not available: skipping validation", RuntimeWarning)
+            return
+        import torch
+
+        # Evaluation draws no random numbers we rely on, but keep the training RNG untouched regardless.
+        rng = checkpoint.rng_state()
+        self.engine.eval()
+        with torch.no_grad():
+            result = evaluate(self.engine.module, self.cfg.data.path, "valid", lanes=self.cfg.data.eval_lanes,
+                              seg_len=self.cfg.model.tgt_len, rank=self.rank, world_size=self.info.world_size,
+                              device=self.device, max_batches=self.cfg.train.eval_batches,
+                              continuous=self.cfg.data.continuous)
+        self.engine.train()
+        checkpoint.set_rng_state(rng)
+        checkpoint.kill_point("validation", self.step, self.rank)  # test hook: before the pass is recorded
+        if self.rank == 0:
+            eval_json = self.run_dir / "eval" / f"step{self.step}.json"
+            eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
+            tracker.log_artifact(eval_json, "eval")
+        valid = {f"valid_{k}": result[k] for k in ("nll", "ppl", "bpc") if k in result}
+        tracker.log_metrics(self.step, valid)
+        if self.reporter is not None:
+            self.reporter({"step": self.step, **valid})
+
+
+def peak_memory_mb(device) -> float:
+    """This rank's peak memory so far in MiB: allocated GPU memory on CUDA, else the process's peak RSS."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class _NoTracker:
+    def log_metrics(self, step, metrics):
+        pass
+
+    def log_artifact(self, path):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def finish(self, status="FINISHED"):
+        pass

@@ -1,0 +1,201 @@
+"""Process-group setup for the three ways `memlm train` starts: plain python, torchrun, the deepspeed launcher.
+
+torchrun and the deepspeed launcher set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (the
+deepspeed launcher also passes --local_rank, which we do not need: LOCAL_RANK is in the environment). A plain
+process has none of them, and DeepSpeed then falls back to MPI discovery and fails on mpi4py (DESIGN §9), so we
+set the single-process values with a free loopback port. Without CUDA, DeepSpeed must use its CPU accelerator
+(DS_ACCELERATOR=cpu) and gloo; both are decided here, before deepspeed is imported anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Minutes a collective waits before DeepSpeed gives up; its default of 10 hides deadlocks too long in tests.
+DEFAULT_TIMEOUT_MIN = "10"
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "gloo" on CPU, "nccl" on GPUs
+    device: str  # "cpu" or "cuda:<local_rank>"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_env() -> DistInfo:
+    """Fill in the launcher variables for a plain process and choose accelerator and backend. Idempotent."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        loopback_single_process()
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("DEEPSPEED_TIMEOUT", DEFAULT_TIMEOUT_MIN)
+    import torch  # after the environment: nothing above needs torch
+
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu":
+        backend, device = "nccl", f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    else:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        backend, device = "gloo", "cpu"
+    return DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
+                    backend, device)
+
+
+LOCAL_HOST = "127.0.0.1"
+_rendezvous: dict[str, object] = {}  # this process's loopback socket and torch store (kept open for its life)
+
+
+def loopback_single_process() -> None:
+    """The launcher variables of a single process (rank 0 of 1) whose rendezvous listens on 127.0.0.1 only.
+
+    torch's TCPStore binds every interface whatever MASTER_ADDR says (a plain `memlm train` listened on `*`); a
+    store created with multi_tenant=True on a socket bound to 127.0.0.1 is the one the process group then uses
+    (torch reuses a multi-tenant store's server for the same host and port within a process, so later runs in
+    the same process, tests and Ray trials, share it). A single process has no peer elsewhere, so gloo and NCCL
+    are kept on loopback too (unless the user chose their interfaces)."""
+    if not _rendezvous:
+        from torch.distributed import TCPStore
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((LOCAL_HOST, 0))
+        sock.listen()
+        _rendezvous["socket"] = sock
+        _rendezvous["store"] = TCPStore(LOCAL_HOST, sock.getsockname()[1], 1, True, wait_for_workers=False,
+                                        multi_tenant=True, master_listen_fd=sock.fileno())
+    port = _rendezvous["socket"].getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(port))
+    for key, value in loopback_comm_env().items():
+        os.environ.setdefault(key, value)
+
+
+def loopback_comm_env() -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming the loopback interface: without them gloo listens on the
+    address the host name resolves to and NCCL on the first non-loopback interface. {} when none is found."""
+    import ipaddress
+
+    import psutil  # a DeepSpeed and Ray dependency
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and ipaddress.ip_address(a.address).is_loopback for a in addresses):
+            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    return {}
+
+
+def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
+    """Create the default process group through DeepSpeed (it reads DEEPSPEED_TIMEOUT).
+
+    log_dir: a run folder; DeepSpeed's output while it sets up (every rank prints "... built successfully" for
+    its CPU op, also when the op comes from the cache; a first build's compiler output) goes to its library.log
+    instead of the console, and rank 0 says once when a first build is coming."""
+    import atexit
+
+    import deepspeed
+
+    if info.device == "cpu":
+        atexit.register(remove_shm_buffer, info.rank)  # also after a failed run; not after SIGKILL
+    if info.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(info.local_rank)
+    if log_dir is None:
+        deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+        return
+    from .quiet import into_library_log
+
+    if info.device == "cpu" and info.rank == 0 and not cpu_op_built():
+        print(f"memlm: building DeepSpeed's CPU communication op once for this environment (30-60 s; cached in "
+              f"{os.environ.get('TORCH_EXTENSIONS_DIR', '~/.cache/torch_extensions')})", file=sys.stderr, flush=True)
+    with into_library_log(log_dir):
+        if info.device == "cpu":
+            load_cpu_op()
+        deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
+
+
+def load_cpu_op() -> None:
+    """Load (building it the first time) DeepSpeed's CPU communication op, as deepspeed.init_distributed would, but
+    never behind a dead process's lock.
+
+    torch's extension loader holds a plain `lock` file in the op's folder while it builds or loads, and every other
+    process waits for that file to go, forever: a process killed in that moment (Ctrl-C during a sweep's trial
+    start) hung every later run on the machine. memlm's loaders therefore load under an flock of their own, which
+    the kernel releases when its holder dies: whoever holds it knows that a `lock` left in memlm's own op cache
+    belongs to a dead process and removes it. DeepSpeed keeps the loaded op, so init_distributed does not load it
+    again. In a TORCH_EXTENSIONS_DIR the user chose, other programs may be building: there the lock is only named
+    in a warning (runtime.warn_stale_build_locks)."""
+    import fcntl
+
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # DeepSpeed will not use it either
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
+    if not cache.name:
+        builder.load()
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".memlm-op-load.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            from .process import extension_cache_dir
+
+            stale = cache / builder.name / "lock"
+            if stale.exists() and cache == extension_cache_dir():
+                stale.unlink(missing_ok=True)
+            builder.load()
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+def shm_buffer_path(rank: int, env=os.environ) -> Path:
+    """The shared-memory file DeepSpeed's CPU all-reduce op creates for this rank when every rank is local (the
+    deepspeed launcher sets LOCAL_SIZE): /dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>
+    (deepspeed/ops/csrc/cpu/comm/shm.cpp)."""
+    return Path("/dev/shm") / (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
+                               f"{env.get('MASTER_PORT', '')}_{rank}")
+
+
+def remove_shm_buffer(rank: int) -> None:
+    """DeepSpeed never unlinks its 66 MB all-reduce buffer: every 2-rank run under the deepspeed launcher left two
+    in /dev/shm, which is RAM (4.4 GB after a day of tests on a 24 GB machine). Each rank removes its own at exit;
+    the other ranks mapped it at start-up and keep their mapping, only the name goes."""
+    try:
+        shm_buffer_path(rank).unlink()
+    except (FileNotFoundError, PermissionError):
+        pass
+
+
+def cpu_op_built() -> bool:
+    """Whether DeepSpeed's CPU shared-memory op is already in the op cache (TORCH_EXTENSIONS_DIR)."""
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return bool(cache) and any(Path(cache).glob("deepspeed_shm_comm*/*.so"))
+
+
+def shutdown() -> None:
+    """End a multi-process run's default process group before the interpreter exits. Left to finalisation, gloo's
+    worker threads can still hold tensors while Python tears down, and a rank dies with SIGABRT ("terminate called
+    without an active exception") after a finished run (seen once in CI at the end of a 2-rank ZeRO-3 run). Only
+    for world size > 1: a single process keeps its group for further in-process runs (tests, sweeps)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

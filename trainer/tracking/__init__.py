@@ -1,0 +1,1 @@
+"""MLflow: the run tracker, experiments, the comparison table and plots, the UI."""

@@ -1,0 +1,414 @@
+"""MLflow tracking for a training run: params, batched metrics, artifacts, tags; rank 0 only.
+
+    tracker = Tracker(cfg.tracking, run_dir, rank, cfg)   # rank != 0 or tracking disabled: a no-op
+    tracker.log_metrics(step, {"loss": 3.2, "lr": 1e-4})   # buffered, sent with log_batch
+    tracker.log_artifact(run_dir / "config.yaml")
+    tracker.finish()                                       # or finish("FAILED"); idempotent
+
+Tracking must never stop training: the first failing MLflow call (server down, database locked, ...) logs one
+warning and the tracker turns into a no-op; metrics.jsonl in the run folder stays the complete record.
+We use an MlflowClient rather than mlflow.start_run(): no process-global active run, so a Ray worker or a test
+can hold several trackers, and nothing the trainer or a library does with the fluent API interferes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
+URI_FILE = "mlflow_tracking_uri"  # ... and the store that run lives in (`memlm eval` logs there from any folder)
+FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, DESIGN §9)
+FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
+MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
+MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch
+MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
+
+# MLflow 3's UI opens an experiment on its GenAI "Traces" tab unless the experiment says it holds model training:
+# this tag (values "custom_model_development" / "genai_development", the UI's own kind selector) makes it open on
+# the runs table, where memlm's training runs are.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# The UI's runs table shows Source / Models / Dataset columns by default, none of which a training run fills. MLflow
+# 3's saved views live in experiment tags `mlflow.sharedViewState.<key>` (a JSON envelope around the UI state) and
+# open from `#/experiments/<id>/runs?viewStateShareKey=<key>`: memlm saves one view per experiment with the columns
+# that tell runs apart, and `memlm ui` links to it. A user may edit or overwrite it in the UI; memlm never replaces it.
+RUNS_VIEW_KEY = "memlm"
+RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
+RUNS_VIEW_COLUMNS = ("metrics.`valid_ppl`", "metrics.`test_ppl`", "metrics.`loss`", "metrics.`tokens`",
+                     "metrics.`tokens_per_s`", "tags.`arch`", "tags.`tokenizer`", "attributes.`Duration`")
+
+
+class RunsView(NamedTuple):
+    """A saved view of an experiment's runs table: its name in the UI's list of views, the columns it shows."""
+
+    name: str
+    columns: tuple[str, ...]
+
+
+TRAINING_VIEW = RunsView("memlm: training metrics", RUNS_VIEW_COLUMNS)
+
+_ENV_DEFAULTS = {
+    # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    # Defaults are 7 retries with exponential backoff and a 120 s timeout: a dead server would stall the
+    # first step for minutes. Fail fast instead; the tracker then goes quiet and training carries on.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+RUN_ID_CHARS = 6  # of the MLflow run id, appended to a default run name: enough to tell a store's runs apart
+
+
+class Tracker:
+    """One MLflow run for one training run folder. Inactive (every method a no-op, run_id None) on ranks
+    other than 0, when tracking is disabled, and after the first MLflow failure."""
+
+    def __init__(self, cfg: TrackingConfig, run_dir: Path, rank: int, config: RunConfig):
+        self.run_id: Optional[str] = None
+        self.uri = ""
+        self._client: Any = None  # None: no-op
+        self._metrics: list[Any] = []
+        self._calls = 0
+        self._warned = False
+        self._last_flush = time.monotonic()
+        self._run_dir = Path(run_dir)
+        if rank != 0 or not cfg.enabled:
+            return
+        for key, value in _ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        self.uri = cfg.resolved_uri()
+        self._guard(self._start, cfg, Path(run_dir), config)
+
+    @property
+    def active(self) -> bool:
+        return self._client is not None
+
+    # ---------------------------------------------------------------------------------------------------------
+    # The trainer's calls
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)  # when measured, not when flushed
+        for key, value in metrics.items():
+            try:
+                self._metrics.append(Metric(key, float(value), now, int(step)))
+            except (TypeError, ValueError):  # a non-number must not cost the whole run's tracking
+                log.debug("tracking: skipping non-numeric metric %s=%r", key, value)
+        self._calls += 1
+        if (self._calls >= FLUSH_EVERY_CALLS or len(self._metrics) >= MAX_BATCH_METRICS
+                or time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.active and self._metrics:
+            self._guard(self._flush)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if not self.active:
+            return
+        if not Path(path).exists():  # the caller's mistake: skip it, but keep tracking the run
+            log.warning("tracking: artifact %s does not exist; not logged", path)
+            return
+        self._guard(self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.active and tags:
+            self._guard(self._log_tags, {k: str(v) for k, v in tags.items()})
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Send what is buffered and end the run with FINISHED, FAILED or KILLED; later calls do nothing."""
+        if not self.active:
+            return
+        self.flush()
+        if self.active:
+            from memlm.trainer.runtime.quiet import prints_into_library_log
+
+            # Against a tracking server MLflow prints "View run ... at: URL" lines on stdout here.
+            with prints_into_library_log(self._run_dir):
+                self._guard(self._client.set_terminated, self.run_id, status)
+        self._client = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish("FINISHED")
+        else:
+            self.finish("KILLED" if issubclass(exc_type, (KeyboardInterrupt, SystemExit)) else "FAILED")
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Internals
+
+    def _guard(self, fn, *args) -> None:
+        """Run one MLflow call; on any failure warn once and go no-op for the rest of the run."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "MLflow tracking at %s failed (%s); tracking is off for the rest of this run, "
+                    "metrics.jsonl in the run folder stays complete", _redact(self.uri), error_reason(exc))
+            self._client = None
+            self._metrics.clear()
+
+    def _start(self, cfg: TrackingConfig, run_dir: Path, config: RunConfig) -> None:
+        from mlflow.exceptions import MlflowException
+
+        from memlm.trainer.runtime.quiet import route_library_loggers
+
+        # After mlflow's import (which sets its loggers up) and before the store is opened: "Creating initial
+        # MLflow database tables" and the migrations' INFO lines go to RUN_DIR/library.log.
+        route_library_loggers(run_dir)
+        client = open_client(self.uri)
+        id_file = run_dir / RUN_ID_FILE
+        old_params: dict[str, str] = {}
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if run_id:
+            try:
+                old_params = client.get_run(run_id).data.params
+                client.update_run(run_id, status="RUNNING")  # reopen a FINISHED/FAILED/KILLED run
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                log.info("tracking: run %s from %s is not in %s; starting a new run", run_id, id_file, self.uri)
+                run_id = ""
+        if not run_id:
+            experiment_id = ensure_experiment(cfg, client)
+            # mlflow.parentRunId is how the MLflow UI nests a sweep's trials under the sweep run.
+            nest = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
+            label = cfg.run_name or default_run_label(str(config.model.arch), run_dir)
+            run_id = client.create_run(experiment_id, run_name=label, tags=nest).info.run_id
+            if not cfg.run_name:  # the id exists only now; a name the user chose stays as given
+                client.update_run(run_id, name=f"{label}-{run_id[:RUN_ID_CHARS]}")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
+            (run_dir / URI_FILE).write_text(self.uri + "\n")
+        self.run_id, self._client = run_id, client
+
+        params = {key: _param_value(value) for key, value in flatten(config).items()}
+        # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps
+        # the first values and says so, rather than failing and losing tracking.
+        changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
+        if changed:
+            log.warning("tracking: resumed run %s keeps its first values of changed params %s", run_id, changed)
+        params = {k: v for k, v in params.items() if k not in old_params}
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), MAX_BATCH_PARAMS):
+            client.log_batch(run_id, params=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+        revision = git_revision()
+        self._log_tags({
+            "arch": str(config.model.arch),
+            "git_revision": revision,
+            "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
+            "run_dir": str(run_dir.resolve()),
+            # bytes: a token is a byte, so bits per token are bits per character (bpc); not for words or pieces.
+            "tokenizer": tokenizer_kind(config.data.path),
+        })
+
+    def _log_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v[:MAX_PARAM_VALUE]) for k, v in tags.items()]
+        for i in range(0, len(items), MAX_BATCH_PARAMS):
+            self._client.log_batch(self.run_id, tags=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+
+    def _flush(self) -> None:
+        while self._metrics:
+            batch = self._metrics[:MAX_BATCH_METRICS]
+            self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
+            del self._metrics[:len(batch)]
+        self._calls, self._last_flush = 0, time.monotonic()
+
+
+def open_client(uri: str) -> Any:
+    """An MlflowClient whose store exists and is migrated. For a SQLite file the first process creates the
+    tables while holding an exclusive lock on `.NAME.lock` beside it: two processes creating a fresh store at the
+    same moment (the demo's parallel trainings, two `memlm train` started together) otherwise both run the
+    migrations and leave it broken ("table _alembic_tmp_experiments already exists", DESIGN §9)."""
+    from mlflow import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(f".{db.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            client._tracking_client.store  # noqa: B018 - creating the store creates and migrates the tables
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return client
+
+
+def ensure_experiment(cfg: TrackingConfig, client: Any = None, view: RunsView | None = TRAINING_VIEW) -> str:
+    """The id of cfg.experiment, created if missing (and tagged to open on its runs in the UI, with `view` saved
+    for its runs table; None: no view). A fresh SQLite store is created under open_client's lock; still, a driver
+    starting parallel trials calls this first."""
+    from mlflow.exceptions import MlflowException
+
+    uri = cfg.resolved_uri()
+    client = client or open_client(uri)
+    found = client.get_experiment_by_name(cfg.experiment)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":  # deleted in the UI: runs cannot be created in it until restored
+            client.restore_experiment(found.experiment_id)
+        # Made by an older memlm or by hand: add what is missing; a user's own choice stays.
+        for key, value in experiment_tags(view).items():
+            if key not in found.tags:
+                client.set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
+    # A SQLite store would put artifacts in ./mlruns of whatever folder the creator ran in; keep them beside
+    # the database instead, so every run of the experiment, from any folder, writes to one place.
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    try:
+        return client.create_experiment(cfg.experiment, artifact_location=location,
+                                        tags=experiment_tags(view))
+    except MlflowException as exc:  # another process created it between our two calls
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def experiment_tags(view: RunsView | None = TRAINING_VIEW) -> dict[str, str]:
+    """The tags of an experiment memlm creates: open on the runs table, with `view` of it saved (column keys as
+    MLflow's UI writes them: "metrics.`loss`", "tags.`arch`", "attributes.`Duration`")."""
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    if view is not None:
+        now = int(time.time() * 1000)
+        state = {"selectedColumns": list(view.columns)}
+        envelope = {"name": view.name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+        tags[RUNS_VIEW_TAG] = json.dumps(envelope)
+    return tags
+
+
+def default_run_label(arch: str, run_dir: Path) -> str:
+    """The run folder's name, led by the arch unless the name already holds it: "lamemo", "txl-exp3"."""
+    name = Path(run_dir).resolve().name
+    return name if arch.lower() in name.lower() else f"{arch}-{name}"
+
+
+def tokenizer_kind(data_path: str | os.PathLike) -> str:
+    """The prepared data's tokenizer kind (bytes, word, spm-unigram, ...) from its manifest, or "unknown"."""
+    import json
+
+    try:
+        return str(json.loads((Path(data_path) / "manifest.json").read_text())["tokenizer"]["kind"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
+
+
+def git_revision() -> str:
+    """HEAD of the repository this code runs from, or "unknown" (no git, not a checkout, an installed copy)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _param_value(value: Any) -> str:
+    return str(value)[:MAX_PARAM_VALUE]
+
+
+def error_reason(exc: BaseException, limit: int = 300) -> str:
+    """One readable piece for a log line: the operating system's reason where the failure was the network's
+    (MLflow wraps "Connection refused" three exceptions deep, after the whole request URL), else the exception's
+    type and the first line of its message, shortened at a word boundary."""
+    import socket
+
+    seen, inner = set(), exc
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, (ConnectionError, TimeoutError, socket.gaierror)):
+            return f"cannot reach the server: {inner.strerror or inner}"
+        inner = inner.__cause__ or inner.__context__
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def _redact(uri: str) -> str:
+    """The URI without a password, for log lines."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def log_eval_result(config: RunConfig, run_dir: Path, result: dict[str, Any], json_path: Path) -> bool:
+    """`memlm eval`: add an evaluation to the training run's MLflow run (rank 0 calls it; True when logged).
+
+    Metrics `{split}_nll`, `{split}_ppl`, `{split}_bpc` at the checkpoint's step, so `memlm compare` finds dev and
+    test perplexity on the run itself; the JSON goes under the artifact folder `eval/`. An evaluation at other
+    lengths than the run was trained with (longer memory, another target length) gets its own metric names, e.g.
+    `test_ppl_tgt64_mem256`: it is a different measurement and must not replace the run's own number.
+    Like Tracker, a failing MLflow call warns once and the evaluation result stands.
+    """
+    id_file = Path(run_dir) / RUN_ID_FILE
+    if not config.tracking.enabled or not id_file.is_file():
+        return False
+    run_id = id_file.read_text().strip()
+    for key, value in _ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    uri_file = Path(run_dir) / URI_FILE
+    # The store the run was created in, wherever `memlm eval` runs from now; older run folders lack the file.
+    uri = uri_file.read_text().strip() if uri_file.is_file() else config.tracking.resolved_uri()
+    suffix = _eval_suffix(config, result)
+    step = int(result.get("step") or 0)
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric
+
+        client = MlflowClient(tracking_uri=uri)
+        client.get_run(run_id)  # a run id from another store (say, a relative ./mlflow.db elsewhere) fails here
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"{result['split']}_{key}{suffix}", float(result[key]), now, step)
+                   for key in ("nll", "ppl", "bpc") if key in result]
+        client.log_batch(run_id, metrics=metrics, synchronous=True)
+        client.log_artifact(run_id, str(json_path), "eval")
+    except Exception as exc:  # noqa: BLE001 - the evaluation itself succeeded; tracking must not undo that
+        log.warning("MLflow tracking at %s failed (%s); evaluation of %s not logged to run %s (the JSON is at %s)",
+                    _redact(uri), error_reason(exc), run_dir, run_id, json_path)
+        return False
+    return True
+
+
+def _eval_suffix(config: RunConfig, result: dict[str, Any]) -> str:
+    """"" when evaluated as trained; else the settings that differ, e.g. "_tgt64_mem256" or "_clamp100_same"."""
+    model, ev = config.model, config.eval
+    suffix = ""
+    if (result.get("tgt_len"), result.get("mem_len")) != (model.tgt_len, model.mem_len):
+        suffix += f"_tgt{result.get('tgt_len')}_mem{result.get('mem_len')}"
+    if ev.clamp_len is not None and ev.clamp_len != model.clamp_len:
+        suffix += f"_clamp{ev.clamp_len}"
+    if ev.same_length is not None and ev.same_length != model.same_length:
+        suffix += "_same" if ev.same_length else "_notsame"
+    return suffix
