@@ -93,7 +93,7 @@ def test_a_bad_step_is_skipped_exactly(zero, poison, data, tmp_path, monkeypatch
     assert _same(after["params"], before["params"])
     assert _same(after["optimizer"], before["optimizer"])
     assert (after["lr"], after["scheduler"]) == (before["lr"], before["scheduler"])
-    assert not trainer.loop.recurrence.memory.valid.any()  # every lane's memory emptied
+    assert not trainer.recurrence.memory.valid.any()  # every lane's memory emptied
     for p in trainer.engine.module.parameters():
         assert p.grad is None or not p.grad.any()  # nothing of the bad step waits in the gradients
 

@@ -49,7 +49,7 @@ def test_a_dead_processs_op_lock_does_not_hang_training(data, tmp_path):
     cache_home = tmp_path / "cache"
     env = child_env({"XDG_CACHE_HOME": str(cache_home), "HOME": str(tmp_path)})
     env.pop("TORCH_EXTENSIONS_DIR", None)  # set in this process by an earlier in-process run: the real cache
-    probe = subprocess.run([sys.executable, "-c", "from trainer.runtime.process import extension_cache_dir as d; print(d())"],
+    probe = subprocess.run([sys.executable, "-c", "from memlm.trainer.runtime.process import extension_cache_dir as d; print(d())"],
                            cwd=REPO, env=env, capture_output=True, text=True, check=True)
     copy = type(real)(probe.stdout.strip())
     shutil.copytree(real / "deepspeed_shm_comm", copy / "deepspeed_shm_comm",

@@ -88,7 +88,7 @@ def test_choice_rules(env, tuned, reason):
 
 
 def test_a_bad_setting_is_named_once_and_ignored():
-    script = "from trainer.runtime.process import prepare_process; prepare_process(who='test')"
+    script = "from memlm.trainer.runtime.process import prepare_process; prepare_process(who='test')"
     env = {**os.environ, "MEMLM_MALLOC": "fast", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0

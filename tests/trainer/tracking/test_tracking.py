@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -343,11 +344,11 @@ def test_parallel_trainings_share_a_fresh_sqlite_store(tmp_path):
     import sys
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = ("import sys; from trainer.config.run_config import TrackingConfig; from trainer.tracking.tracker import ensure_experiment, "
-            "open_client; c = open_client(sys.argv[1]); "
+    code = ("import sys; from memlm.trainer.config.run_config import TrackingConfig; "
+            "from memlm.trainer.tracking.tracker import ensure_experiment, open_client; c = open_client(sys.argv[1]); "
             "e = ensure_experiment(TrackingConfig(experiment='shared', uri=sys.argv[1]), c); "
             "print(c.create_run(e).info.run_id)")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     procs = [subprocess.Popen([sys.executable, "-c", code, uri], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
