@@ -50,7 +50,7 @@ def build_trainer(data: Path, out: Path, zero: int, shape: dict):
     cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=zero, train__steps=10**6,
                                                train__warmup_steps=0, train__grad_accum=2, **extra))
     trainer = Trainer(cfg, out, distributed.setup_env(), {}, load_manifest(data))
-    trainer._build()
+    trainer.build()
     return trainer
 
 
@@ -68,7 +68,7 @@ def unchecked_agree(trainer):
 
 def time_step(trainer) -> float:
     start = time.perf_counter()
-    trainer._train_step()
+    trainer.train_step()
     return time.perf_counter() - start
 
 

@@ -266,7 +266,7 @@ def zero_worker(args) -> None:
     from memlm.data_pipeline.shards import check_vocab_size, load_manifest
     from memlm.trainer.runtime import distributed
     from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.loop.train import Trainer, _tokenizer_id, peak_memory_mb
+    from memlm.trainer.loop.train import Trainer, peak_memory_mb, run_meta
 
     info = distributed.setup_env()
     torch.set_num_threads(1)
@@ -278,13 +278,13 @@ def zero_worker(args) -> None:
         "train.steps": args.steps, "deepspeed.zero_stage": args.stage, **ds_settings}))
     manifest = load_manifest(cfg.data.path)
     check_vocab_size(manifest, cfg.model.vocab_size)
-    meta = {"world_size": info.world_size, "arch": "txl", "tokenizer": _tokenizer_id(manifest), "seed": cfg.train.seed}
+    meta = run_meta(cfg, info.world_size, manifest)
     snapshots: dict = {}
     marks: dict = {}
 
     class HookedTrainer(Trainer):
-        def _build(self):
-            super()._build()
+        def build(self):
+            super().build()
             marks["rss_after_build"] = rss_bytes()
             engine, original = self.engine, self.engine.step
 
@@ -309,7 +309,7 @@ def zero_worker(args) -> None:
 
     run_dir = Path(args.run_dir)
     t0 = time.time()
-    HookedTrainer(cfg, run_dir, info, meta, manifest).fit(None, False)
+    HookedTrainer(cfg, run_dir, info, meta, manifest).fit()
     wall = time.time() - t0
     rows = []
     if info.rank == 0 and (run_dir / "metrics.jsonl").is_file():

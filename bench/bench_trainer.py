@@ -136,14 +136,14 @@ class TrainerSteps:
         manifest = load_manifest(data)
         meta = {"world_size": 1, "arch": arch, "tokenizer": manifest["tokenizer"], "seed": cfg.train.seed}
         self.trainer = Trainer(cfg, work / f"paired-{arch}", distributed.setup_env(), meta, manifest)
-        self.trainer._build()
+        self.trainer.build()
         self.log_every, self.i = args.log_every, 0
 
     def step(self) -> float:
         self.i += 1
         self.trainer.norm_wanted = self.i % self.log_every == 0
         t0 = time.perf_counter()
-        self.trainer._train_step()
+        self.trainer.train_step()
         return time.perf_counter() - t0
 
 

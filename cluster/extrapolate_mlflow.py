@@ -22,10 +22,6 @@ METRIC_NLL = "extrapolate_nll"
 METRIC_MEM = "mem_len"
 KIND = "extrapolation"
 
-_QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
-          # fail fast on a dead server instead of MLflow's 7 retries with backoff (minutes)
-          "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-
 
 # The columns an extrapolation run fills (it has no training metrics) in the experiment's saved runs view.
 EXTRAPOLATION_VIEW_COLUMNS = ("metrics.`extrapolate_ppl`", "metrics.`extrapolate_nll`", "metrics.`mem_len`",
@@ -34,17 +30,14 @@ EXTRAPOLATION_VIEW_COLUMNS = ("metrics.`extrapolate_ppl`", "metrics.`extrapolate
 
 def open_experiment(experiment: str, uri: str | None) -> tuple[Any, str, str]:
     """(client, experiment id, resolved URI), creating the experiment now: before Ray and before any task."""
-    for key, value in _QUIET.items():
-        os.environ.setdefault(key, value)
-    from mlflow import MlflowClient
-
     from memlm.trainer.config.run_config import TrackingConfig
+    from memlm.trainer.tracking.client import open_client
     from memlm.trainer.tracking.tracker import RunsView, ensure_experiment
 
     cfg = TrackingConfig(experiment=experiment, uri=uri or "")
     resolved = cfg.resolved_uri()
     try:
-        client = MlflowClient(tracking_uri=resolved)
+        client = open_client(resolved)
         view = RunsView("memlm: extrapolation", EXTRAPOLATION_VIEW_COLUMNS)
         return client, ensure_experiment(cfg, client, view), resolved
     except Exception as exc:  # noqa: BLE001 - any store problem is the user's to fix: say which store

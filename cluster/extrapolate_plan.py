@@ -80,7 +80,8 @@ def check_runs(run_dirs: list[str], split: str, tgt_len: int, mults: list[int]) 
     """Every RUN_DIR resolved and validated at every m the way `memlm eval` would, or the first error."""
     from memlm.data_pipeline.format import DataError
     from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.inference.evaluate import find_checkpoint, resolve_eval_config, step_of
+    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+    from memlm.trainer.inference.evaluate import resolve_eval_config
 
     if tgt_len < 1:
         raise ClusterError(f"--tgt-len must be >= 1, got {tgt_len}")

@@ -18,13 +18,12 @@ PARENT_ID_FILE = "mlflow_parent_run_id"  # in SWEEP_DIR: a resumed sweep keeps i
 
 class ParentRun:
     def __init__(self, experiment: str, uri: str, sweep_dir: Path):
-        from mlflow import MlflowClient
-
         from memlm.trainer.config.run_config import TrackingConfig
+        from memlm.trainer.tracking.client import open_client
         from memlm.trainer.tracking.tracker import ensure_experiment
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = open_client(uri)
         self.experiment_id = ensure_experiment(TrackingConfig(experiment=experiment, uri=uri), self.client)
         self.id_file = sweep_dir / PARENT_ID_FILE
         self.run_id = ""

@@ -118,9 +118,9 @@ def _tag_child_run(run_dir: Path, values: dict, spec: dict, trial_id: str) -> No
     if not values.get("tracking.enabled", True) or not id_file.is_file():
         return
     try:
-        from mlflow import MlflowClient
+        from memlm.trainer.tracking.client import open_client
 
-        client = MlflowClient(tracking_uri=values["tracking.uri"])
+        client = open_client(values["tracking.uri"], create=False)
         run_id = id_file.read_text().strip()
         client.set_tag(run_id, "memlm.sweep", spec["name"])
         client.set_tag(run_id, "memlm.trial_id", trial_id)

@@ -402,5 +402,5 @@ def _is_preempted(exc: BaseException) -> bool:
 
 
 def _is_resume_error(exc: BaseException) -> bool:
-    ckpt = sys.modules.get("memlm.trainer.checkpoint.store")
+    ckpt = sys.modules.get("memlm.trainer.checkpoint.errors")
     return ckpt is not None and isinstance(exc, ckpt.ResumeError)

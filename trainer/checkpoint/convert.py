@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import store as checkpoint
+from .errors import ResumeError, UnsafeCheckpointError
+from .safe_load import safe_load
 from memlm.trainer.loop.recurrence import plain_state
 
 
@@ -61,20 +62,20 @@ def convert_run(run_dir: Path) -> list[Path]:
     """Convert every old rank file under RUN_DIR/checkpoints; returns the files rewritten."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
-        raise checkpoint.ResumeError(f"{ckpt_dir} does not exist: name a run folder written by `memlm train`")
+        raise ResumeError(f"{ckpt_dir} does not exist: name a run folder written by `memlm train`")
     done = []
     for path in sorted(ckpt_dir.glob("global_step*/rank*.pt")):
         try:
-            checkpoint.safe_load(path)
+            safe_load(path)
             continue  # already weights-only loadable
-        except checkpoint.UnsafeCheckpointError:
+        except UnsafeCheckpointError:
             pass
         # Trusted by the user who ran this: the full unpickler, with the old module names mapped to the new ones.
         state = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_legacy_pickle)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         torch.save(convert_state(state), tmp)
         os.replace(tmp, path)
-        checkpoint.safe_load(path)  # the result must now load weights-only
+        safe_load(path)  # the result must now load weights-only
         done.append(path)
     return done
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         done = convert_run(Path(args.run_dir))
-    except checkpoint.ResumeError as exc:
+    except ResumeError as exc:
         print(f"memlm: error: {exc}", file=sys.stderr)
         return 2
     for path in done:

@@ -7,108 +7,60 @@ Writing: every rank saves into `.tmp-global_step{N}` (engine.save_checkpoint + i
 rank 0 renames the folder and replaces `latest` (temp file + os.replace), then prunes to train.keep_last. A
 process killed anywhere before the rename leaves only a `.tmp-*` folder, which nothing reads and the next save
 of that step removes; `latest` still names the previous checkpoint.
-rank{r}.pt holds what lives outside the engine on that rank: recurrent memory, the stream cursor, RNG states.
+rank{r}.pt holds what lives outside the engine on that rank, each piece saved by the object that owns it
+(`state_dict` / `load_state_dict`): the trainer's counters (step, tokens, skipped steps), the recurrent memory
+(and RMT's replay window), the stream cursor, the RNG states; plus the format version (`upgrade` reads older ones).
 
-Files that cannot run code. Every file memlm writes holds tensors and plain values only (the recurrence and the
-stream turn their state into those in their state_dict), so it is read with `torch.load(weights_only=True)`.
-DeepSpeed reads its own files with a full unpickler (and so does zero_to_fp32), so before it touches a folder
-`verify_folder` loads every `*.pt` there weights-only (memory-mapped: the tensors are not read), allowing only
-DeepSpeed's few plain record types. A file that would import anything else is refused in one line naming the file
-and the object, before any of its bytes are unpickled by a full unpickler: opening a run folder someone sent you
-runs none of its code. rank files written before this format (pickled memory dataclasses and numpy arrays) are
-refused the same way, with the command that converts them once if you trust them (trainer/checkpoint/convert.py).
+Files that cannot run code: every file memlm writes holds tensors and plain values only and is read weights-only;
+DeepSpeed's own files are verified the same way before DeepSpeed unpickles them (safe_load.py). rank files written
+before that (pickled memory dataclasses and numpy arrays) are refused with the command that converts them once if
+you trust them (convert.py).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import random
 import re
 import shutil
-import signal
-import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-import numpy as np
 import torch
 
-from memlm.trainer.runtime import distributed
+from memlm.trainer.runtime import distributed, faults
 
+from .errors import CheckpointWriteError, ResumeError
+from .safe_load import safe_load
+
+# rank{r}.pt's format: 2 = {"format", and one entry per saved piece: "trainer", "recurrence", "stream", "rng"}.
+FORMAT_VERSION = 2
+FORMAT_KEY = "format"
+CHECKPOINTS = "checkpoints"  # in the run folder
 LATEST = "latest"
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
-# Test hook: "STEP:SECONDS" sleeps inside the aside-write of that step, so a test can SIGKILL mid-checkpoint.
-SLEEP_HOOK = "MEMLM_TEST_SLEEP_IN_SAVE"
-# Test hook: "POINT:STEP[:RANK]" SIGKILLs this process when it reaches POINT at STEP (on RANK, default every rank),
-# as a preemption would (tests/trainer/checkpoint/test_kill_matrix.py); POINT "enospc" instead fails that step's save as a full disk.
-KILL_HOOK = "MEMLM_TEST_KILL"
-# Test hook: the signal KILL_HOOK sends instead of SIGKILL ("TERM": a scheduler's preemption; "INT": Ctrl-C).
-SIGNAL_HOOK = "MEMLM_TEST_SIGNAL"
-
-
-def kill_point(point: str, step: int, rank: int) -> None:
-    """Die here (SIGKILL: no cleanup, no flush) when KILL_HOOK names this point, step and rank; or receive the
-    signal SIGNAL_HOOK names there, as if a scheduler or a terminal had sent it at that moment."""
-    hook = os.environ.get(KILL_HOOK)
-    if not hook:
-        return
-    name, at, *who = hook.split(":")
-    if name == point and int(at) == step and (not who or int(who[0]) == rank):
-        if point == "enospc":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.kill(os.getpid(), getattr(signal, f"SIG{os.environ.get(SIGNAL_HOOK, 'KILL')}"))
-
-
-class ResumeError(ValueError):
-    """A checkpoint that cannot continue this run (world size, arch, tokenizer changed); the message says how."""
-
-
-class CheckpointWriteError(ResumeError):
-    """A checkpoint that could not be written (a full disk); the previous one is intact and `latest` names it."""
-
-
-class UnsafeCheckpointError(ResumeError):
-    """A checkpoint file that a weights-only load refuses (it would import code) or cannot read; nothing ran."""
 
 
 def tag_for(step: int) -> str:
     return f"global_step{step}"
 
 
-def rng_state() -> dict:
-    """Every generator a training step draws from, as tensors and plain values (weights-only loadable)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-             "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # Dropout masks on a GPU come from the CUDA generators: without them a resumed run drew other masks
-        # from its first step (seen on an H100, bench/README.md's GPU section).
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+class Stateful(Protocol):
+    """What a checkpoint saves and restores: each piece owns its state (tensors and plain values only)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    saved = state["numpy"]
-    if isinstance(saved, dict):
-        np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"], saved["has_gauss"],
-                             saved["cached_gaussian"]))
-    else:  # numpy's own tuple (an in-memory state of an older caller)
-        np.random.set_state(saved)
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save(engine, ckpt_dir: Path, step: int, rank: int, rank_state: dict, meta: dict, keep_last: int) -> str:
-    """Write checkpoint `step` aside, then publish it (see module docstring). Every rank calls this."""
+def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stateful], meta: dict,
+         keep_last: int) -> str:
+    """Write checkpoint `step` aside, then publish it (see module docstring). Every rank calls this; `pieces` are
+    this rank's state outside the engine, saved under their names in rank{r}.pt with the FORMAT_VERSION."""
     ckpt_dir = Path(ckpt_dir)
+    rank_state = {FORMAT_KEY: FORMAT_VERSION, **{name: piece.state_dict() for name, piece in pieces.items()}}
     tag = tag_for(step)
     tmp_tag = TMP_PREFIX + tag
     if rank == 0:
@@ -116,9 +68,9 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, rank_state: dict, meta: d
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     try:
-        engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state={"step": step}, save_latest=False)
-        kill_point("engine-saved", step, rank)
-        kill_point("enospc", step, rank)
+        engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, save_latest=False)
+        faults.kill_point("engine-saved", step, rank)
+        faults.kill_point("enospc", step, rank)
         torch.save(rank_state, ckpt_dir / tmp_tag / f"rank{rank}.pt")
         if rank == 0:
             (ckpt_dir / tmp_tag / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -130,28 +82,20 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, rank_state: dict, meta: d
             + (f"the previous checkpoint {ckpt_dir / previous} is intact and `latest` names it: free space, then "
                "rerun with --resume" if previous else "no earlier checkpoint exists: free space and start again")
         ) from None
-    kill_point("rank-saved", step, rank)
-    _maybe_sleep(step)
+    faults.kill_point("rank-saved", step, rank)
+    faults.sleep_point(step)
     distributed.barrier()  # every rank's files are on disk before the checkpoint becomes visible
     if rank == 0:
         final = ckpt_dir / tag
         if final.exists():  # the same step saved again (e.g. the end of a resumed run that saved there)
             shutil.rmtree(final)
         os.replace(ckpt_dir / tmp_tag, final)
-        kill_point("renamed", step, rank)
+        faults.kill_point("renamed", step, rank)
         _write_latest(ckpt_dir, tag)
-        kill_point("latest", step, rank)
+        faults.kill_point("latest", step, rank)
         _prune(ckpt_dir, keep_last, step)
     distributed.barrier()
     return tag
-
-
-def _maybe_sleep(step: int) -> None:
-    hook = os.environ.get(SLEEP_HOOK)
-    if hook:
-        at, seconds = hook.split(":")
-        if int(at) == step:
-            time.sleep(float(seconds))
 
 
 def _write_latest(ckpt_dir: Path, tag: str) -> None:
@@ -171,12 +115,37 @@ def _prune(ckpt_dir: Path, keep_last: int, step: int) -> None:
         shutil.rmtree(ckpt_dir / tag_for(old), ignore_errors=True)
 
 
-def latest_tag(ckpt_dir: Path) -> str | None:
+def read_latest(ckpt_dir: Path) -> str | None:
+    """The tag the `latest` file names (None without the file); the one place that reads it."""
     path = Path(ckpt_dir) / LATEST
-    if not path.is_file():
-        return None
-    tag = path.read_text().strip()
-    return tag if (Path(ckpt_dir) / tag / META).is_file() else None
+    return path.read_text().strip() if path.is_file() else None
+
+
+def latest_tag(ckpt_dir: Path) -> str | None:
+    """The newest complete checkpoint: the tag `latest` names, if its folder is complete (meta.json is written
+    last); None otherwise."""
+    tag = read_latest(ckpt_dir)
+    return tag if tag and (Path(ckpt_dir) / tag / META).is_file() else None
+
+
+def find_checkpoint(run_dir: Path, tag: str | None = None) -> tuple[Path, str]:
+    """(RUN_DIR/checkpoints, tag) for reading a run's weights: `tag`, else the one `latest` names; a ResumeError
+    when there is none or it is missing."""
+    ckpt_dir = Path(run_dir) / CHECKPOINTS
+    if tag is None:
+        tag = read_latest(ckpt_dir)
+        if tag is None:
+            raise ResumeError(f"{run_dir} has no checkpoint ({ckpt_dir / LATEST} is missing): train it first or "
+                              "name a run folder that saved one")
+    if not tag or not (ckpt_dir / tag).is_dir():
+        raise ResumeError(f"checkpoint {ckpt_dir / tag} is missing (the `latest` file points at it)")
+    return ckpt_dir, tag
+
+
+def step_of(tag: str) -> int | None:
+    """global_step40 -> 40; None for a tag without a trailing number."""
+    match = re.search(r"(\d+)$", tag)
+    return int(match.group(1)) if match else None
 
 
 def read_meta(ckpt_dir: Path, tag: str) -> dict:
@@ -203,76 +172,33 @@ def _show(value) -> str:
     return repr(value)
 
 
-def load_rank_state(ckpt_dir: Path, tag: str, rank: int) -> dict:
-    return safe_load(Path(ckpt_dir) / tag / f"rank{rank}.pt")
+def restore_rank(ckpt_dir: Path, tag: str, rank: int, pieces: Mapping[str, Stateful]) -> None:
+    """Load this rank's file of checkpoint `tag` (weights-only) into `pieces`, each by its name; an older format is
+    read through `upgrade`. A piece's own ValueError (a state it cannot continue) becomes a ResumeError."""
+    path = Path(ckpt_dir) / tag / f"rank{rank}.pt"
+    state = upgrade(safe_load(path), path)
+    missing = [name for name in pieces if name not in state]
+    if missing:
+        raise ResumeError(f"cannot resume from {path}: it holds no {', '.join(missing)} state; resume from another "
+                          "checkpoint (edit `latest`) or start a new run folder")
+    for name, piece in pieces.items():
+        try:
+            piece.load_state_dict(state[name])
+        except ValueError as exc:
+            raise ResumeError(f"cannot resume from {Path(ckpt_dir) / tag}: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Weights-only reading (module docstring)
-
-# Written by memlm before its rank files held only tensors and plain values: such a file is refused with the
-# conversion command rather than as hostile.
-_LEGACY_GLOBALS = re.compile(r"^(models\.[a-z_]+\.[A-Za-z]+Memory|trainer\.recurrence\.Segment|numpy\.dtype|"
-                             r"numpy\.ndarray|numpy\.(_core|core)\.multiarray\._reconstruct)$")
-CONVERT_HINT = "python -m memlm.trainer.checkpoint.convert"
-
-
-def deepspeed_safe_types() -> list:
-    """The plain record types DeepSpeed pickles into its own checkpoint files (an enum, the loss-scaler settings,
-    a fragment address): data with no code of their own, so a weights-only load may build them."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
-
-
-def safe_load(path: Path, allow: list | None = None, mmap: bool = False) -> Any:
-    """torch.load(path, weights_only=True) (tensors, plain containers and `allow`'s types); an
-    UnsafeCheckpointError naming the file, and what it would have imported, for anything else."""
-    path = Path(path)
-    try:
-        with torch.serialization.safe_globals(list(allow or [])):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise UnsafeCheckpointError(f"checkpoint file {path} is missing: the checkpoint is incomplete; resume from "
-                                    "another one (edit `latest`) or start a new run folder") from None
-    except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ... by case
-        raise UnsafeCheckpointError(_refusal(path, exc)) from None
-
-
-def _refusal(path: Path, exc: Exception) -> str:
-    try:
-        imported = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))  # reads opcodes, runs nothing
-    except Exception:  # noqa: BLE001 - not a readable torch zip file at all
-        imported = []
-    if imported and all(_LEGACY_GLOBALS.match(name) for name in imported):
-        return (f"{path} was written by an older memlm (it pickles {', '.join(imported)}), and checkpoints are now "
-                f"read weights-only so that a file cannot run code; if you trust it, convert its run folder once with "
-                f"`{CONVERT_HINT} RUN_DIR`, else start a new run folder")
-    if imported or "Weights only load failed" in str(exc):
-        what = ", ".join(imported) or _unsupported(exc)
-        return (f"refusing to load {path}: unpickling it would import {what}, which can run code (memlm's and "
-                "DeepSpeed's checkpoints hold only tensors and plain values); nothing in it was run. Do not use "
-                "this file unless you know who wrote it and why")
-    return (f"cannot read checkpoint file {path} ({type(exc).__name__}: {_first_line(exc)}): it is truncated or "
-            "not a torch checkpoint; resume from another checkpoint (edit `latest`) or start a new run folder")
-
-
-def _unsupported(exc: Exception) -> str:
-    match = re.search(r"unsupported GLOBAL (\S+)", str(exc), re.IGNORECASE)
-    return match.group(1) if match else "a Python object"
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0].split(". ")[0][:200] if lines else "no message"
-
-
-def verify_folder(folder: Path) -> None:
-    """Refuse (UnsafeCheckpointError) a checkpoint folder holding any DeepSpeed `*.pt` file that a weights-only load
-    with DeepSpeed's record types rejects, before DeepSpeed or zero_to_fp32 reads it with a full unpickler."""
-    allow = deepspeed_safe_types()
-    for path in sorted(Path(folder).glob("*.pt")):
-        if not re.fullmatch(r"rank\d+\.pt", path.name):  # memlm's own are only ever read weights-only
-            safe_load(path, allow=allow, mmap=True)
+def upgrade(state: dict, path: Path) -> dict:
+    """A rank file's contents in the current format. Format 1 (no version key, before the pieces saved
+    themselves) kept the trainer's counters at the top level, and before that the memory outside the recurrence."""
+    version = state.get(FORMAT_KEY, 1)
+    if version > FORMAT_VERSION:
+        raise ResumeError(f"{path} was written by a newer memlm (checkpoint format {version}, this one reads up to "
+                          f"{FORMAT_VERSION}): upgrade memlm to resume it")
+    if version == 1:
+        state = {FORMAT_KEY: FORMAT_VERSION,
+                 "trainer": {"step": state["step"], "tokens": state["tokens"],
+                             "skipped_steps": state.get("skipped_steps", 0)},  # written after a good step only
+                 "recurrence": state.get("recurrence") or {"memory": state["memory"]},
+                 "stream": state["stream"], "rng": state["rng"]}
+    return state

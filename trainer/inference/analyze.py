@@ -208,7 +208,9 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     from memlm.data_pipeline.format import DataError
     from memlm.data_pipeline.stream import LaneStream
     from .analyze_plots import write_plots
-    from .evaluate import step_of, write_json
+    from memlm.trainer.checkpoint.store import step_of
+
+    from .evaluate import write_json
     from .generate import load_run_model
 
     if segments < 1:
@@ -225,7 +227,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     stream = LaneStream(data_dir, split, lanes=1, seg_len=model.cfg.tgt_len, mode="eval",
                         continuous=cfg.data.continuous)
     result = collect(model, stream, segments)
-    from .evaluate import find_checkpoint
+    from memlm.trainer.checkpoint.store import find_checkpoint
 
     result.update(split=split, step=step_of(find_checkpoint(run_dir, tag)[1]))
     out = Path(out_dir) if out_dir else run_dir / "analysis"
@@ -240,20 +242,17 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
 def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
     """Add the files to the training run's MLflow run under `analysis/` (False when the run is not tracked or
     MLflow fails: the files in the run folder stand, as for `memlm eval`)."""
-    from memlm.trainer.tracking.tracker import _ENV_DEFAULTS, RUN_ID_FILE, URI_FILE, error_reason
+    from memlm.trainer.tracking.client import open_client
+    from memlm.trainer.tracking.tracker import RUN_ID_FILE, URI_FILE, error_reason
 
     id_file = run_dir / RUN_ID_FILE
     if not config.tracking.enabled or not id_file.is_file():
         return False
-    for key, value in _ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     uri_file = run_dir / URI_FILE
     uri = uri_file.read_text().strip() if uri_file.is_file() else config.tracking.resolved_uri()
     run_id = id_file.read_text().strip()
     try:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
+        client = open_client(uri, create=False)
         client.get_run(run_id)
         for path in files:
             client.log_artifact(run_id, str(path), "analysis")

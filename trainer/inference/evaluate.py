@@ -8,9 +8,8 @@ batches on every rank, so the loop below needs no end-of-data agreement: each ra
 count in float64 and one all-reduce adds them. Memory is emptied by the model wherever `reset` is true (a new
 document), so a document's score does not depend on which lane, rank or neighbour it was read with.
 
-Weights come from the consolidated fp32 state dict of the DeepSpeed checkpoint (zero_to_fp32), which works at any
-world size and ZeRO stage; ZeRO-0 checkpoints hold no optimizer partitions, so their module weights are read
-directly. Memory length is configuration only, so the same weights load strictly at any --mem-len.
+Weights come from trainer/checkpoint/weights.py (any world size and ZeRO stage). Memory length is configuration
+only, so the same weights load strictly at any --mem-len.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,10 @@ from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from memlm.models import build_model, map_memory
 from memlm.models.config import ConfigError
+from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+from memlm.trainer.checkpoint.weights import load_weights
 from memlm.trainer.config.run_config import RunConfig, eval_model_config, load_config, override_config
+from memlm.trainer.runtime.distributed import evaluation_group
 from memlm.trainer.runtime.process import prepare_process, refit_threads
 
 RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "mem_len", "arch", "step")
@@ -153,22 +154,13 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
     check_vocab_size(manifest, mcfg.vocab_size)
 
     prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
-    rank, world_size, device, owned = init_distributed()
-    try:
+    with evaluation_group() as (rank, world_size, device):
         model = build_model(mcfg)
         model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
         model.to(device)
         result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
                           rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
                           progress=progress, accuracy=is_task(manifest))
-    finally:
-        if owned:
-            import torch.distributed as dist
-
-            try:
-                dist.barrier()  # no rank tears gloo down while another still talks to it (a SIGABRT at exit)
-            finally:
-                dist.destroy_process_group()
     result["step"] = step_of(tag)
     if rank == 0:
         path = Path(json_path) if json_path else (
@@ -212,49 +204,6 @@ def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, c
     return override_config(cfg, overrides)
 
 
-def find_checkpoint(run_dir: Path, tag: str | None) -> tuple[Path, str]:
-    """(RUN_DIR/checkpoints, tag), the tag read from `latest` unless given; ConfigError when there is none."""
-    ckpt_dir = run_dir / "checkpoints"
-    if tag is None:
-        latest = ckpt_dir / "latest"
-        if not latest.is_file():
-            raise ConfigError(f"{run_dir} has no checkpoint ({latest} is missing): train it first or name a run "
-                              "folder that saved one")
-        tag = latest.read_text().strip()
-    if not tag or not (ckpt_dir / tag).is_dir():
-        raise ConfigError(f"checkpoint {ckpt_dir / tag} is missing (the `latest` file points at it)")
-    return ckpt_dir, tag
-
-
-def step_of(tag: str) -> int | None:
-    """global_step40 -> 40; None for a tag without a trailing number."""
-    match = re.search(r"(\d+)$", tag)
-    return int(match.group(1)) if match else None
-
-
-def load_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
-    """The fp32 module state dict of a DeepSpeed checkpoint at any ZeRO stage and world size."""
-    from memlm.trainer.checkpoint import store as checkpoint
-    from memlm.trainer.runtime.quiet import import_deepspeed
-
-    import_deepspeed(ckpt_dir.parent)  # reading DeepSpeed's files imports it: its start-up lines go to the run's log
-    folder = ckpt_dir / tag
-    checkpoint.verify_folder(folder)  # zero_to_fp32 unpickles in full: refuse a file that could run code first
-    if any(folder.glob("*_optim_states.pt")):
-        # ZeRO 1-3 (and DeepSpeed's bf16 optimizer): the fp32 master weights live in the optimizer partitions.
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
-    else:
-        # ZeRO-0 keeps no partitions: the module weights are the model state file itself.
-        files = sorted(folder.glob("mp_rank_*_model_states.pt"))
-        if not files:
-            raise ConfigError(f"checkpoint {folder} holds neither model nor optimizer states")
-        state = checkpoint.safe_load(files[0], allow=checkpoint.deepspeed_safe_types())["module"]
-    # An engine wrapping the model may have saved "module."-prefixed names.
-    return {k.removeprefix("module."): (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-
-
 def write_json(result: dict[str, Any], path: Path) -> Path:
     """Written aside and renamed, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,26 +211,3 @@ def write_json(result: dict[str, Any], path: Path) -> Path:
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     os.replace(tmp, path)
     return path
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Process group: the minimal kind evaluation needs (the trainer has its own)
-
-
-def init_distributed() -> tuple[int, int, torch.device, bool]:
-    """(rank, world_size, device, owned): reuse an initialised group; create one under torchrun / the deepspeed
-    launcher (RANK and WORLD_SIZE set); else a single process without a group. `owned`: we created it."""
-    import torch.distributed as dist
-
-    use_cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), device, False
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        return dist.get_rank(), dist.get_world_size(), device, True
-    return 0, 1, device, False

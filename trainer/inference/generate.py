@@ -57,7 +57,10 @@ def load_run_model(run_dir: str | os.PathLike, mem_len: int | None = None, tag: 
     folder, no checkpoint, data moved) raise ConfigError / DataError with one line."""
     from memlm.data_pipeline.shards import check_vocab_size, load_manifest
     from memlm.trainer.config.run_config import eval_model_config
-    from .evaluate import find_checkpoint, load_weights, resolve_eval_config
+    from memlm.trainer.checkpoint.store import find_checkpoint
+    from memlm.trainer.checkpoint.weights import load_weights
+
+    from .evaluate import resolve_eval_config
 
     run_dir = Path(run_dir)
     cfg = resolve_eval_config(run_dir, "test", None, mem_len, None, None, None)

@@ -11,7 +11,6 @@ skip leaves weights, optimizer state and schedule exactly as they were, and Deep
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 _MISSING = object()
@@ -46,30 +45,3 @@ def skipped_update(optimizer) -> Iterator[None]:
                 delattr(optimizer, name)
             else:
                 setattr(optimizer, name, value)
-
-
-# Test hook: "STEP:RANK:WHAT" poisons that step on that rank. WHAT = "batch": the step's first micro-batch loss is
-# NaN (as a corrupted batch would make it); "param": before the step, one weight of the model becomes inf (as a
-# corrupted weight would be), which no skipped update ever repairs.
-POISON_HOOK = "MEMLM_TEST_POISON"
-
-
-class Poison:
-    """The POISON_HOOK injections for this rank (none unless the variable is set)."""
-
-    def __init__(self, rank: int):
-        self.at: dict[int, str] = {}
-        for item in filter(None, os.environ.get(POISON_HOOK, "").split(",")):
-            step, at_rank, what = item.split(":")
-            if int(at_rank) == rank:
-                self.at[int(step)] = what
-
-    def param(self, step: int, module) -> None:
-        if self.at.get(step) == "param":
-            import torch
-
-            with torch.no_grad():
-                next(module.parameters()).view(-1)[0] = float("inf")
-
-    def loss(self, step: int, micro: int, loss):
-        return loss * float("nan") if self.at.get(step) == "batch" and micro == 0 else loss

@@ -28,17 +28,23 @@ import os
 import random
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from memlm.trainer.checkpoint import store as checkpoint, run_folder
-from memlm.trainer.runtime import distributed, process as runtime
+from memlm.trainer.checkpoint import run_folder
+from memlm.trainer.checkpoint import store as checkpoint
+from memlm.trainer.checkpoint.errors import ResumeError
+from memlm.trainer.checkpoint.rng import RNGState, rng_preserved
+from memlm.trainer.checkpoint.safe_load import verify_folder
+from memlm.trainer.runtime import distributed, faults
+from memlm.trainer.runtime import process as runtime
+
 from . import nonfinite
 from .preemption import Interrupted, Preempted, StopRequest
+from .step_figures import StepFigures
 
 
-class TrainingStopped(checkpoint.ResumeError):
+class TrainingStopped(ResumeError):
     """train.max_bad_steps steps in a row were skipped (non-finite loss or gradient): the run stops, exit 2 (the
     command line prints the message, which names the last good checkpoint, as one line)."""
 
@@ -48,13 +54,22 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
 
     A folder that already holds a run is refused unless `resume` (continue it) or `overwrite` (delete it first):
-    trainer/checkpoint/run_folder.py. A SIGTERM saves at the next step boundary and raises Preempted (trainer/loop/preemption.py).
+    trainer/checkpoint/run_folder.py. A SIGTERM saves at the next step boundary and raises Preempted
+    (trainer/loop/preemption.py).
 
     stop_at: leave after that step with a checkpoint, as a preempted job would (the schedule still spans
     train.steps, so `--resume` continues the same trajectory).
     reporter: called on rank 0 with every metrics row (the metrics.jsonl line) and, after each validation pass,
     with {"step", "valid_nll", "valid_ppl", "valid_bpc"}; a Ray Tune trial forwards them to tune.report.
     """
+    return open_trainer(cfg, out, resume=resume, reshard=reshard, overwrite=overwrite, reporter=reporter).fit(stop_at)
+
+
+def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = False, reshard: bool = False,
+                 overwrite: bool = False, reporter: Callable[[dict], None] | None = None) -> "Trainer":
+    """Everything `run` does before training, for callers that step the trainer themselves (benchmarks): the data
+    and the checkpoint to resume from checked, the run folder claimed, this process set up. Then `build()` and
+    `train_step()`, or `fit()`."""
     from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 
     manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
@@ -70,21 +85,21 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
         # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
         raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
                           "use deepspeed.precision=bf16 or fp32 on this machine")
-    meta = {"world_size": info.world_size, "arch": cfg.model.arch, "tokenizer": _tokenizer_id(manifest),
-            "seed": cfg.train.seed}
+    meta = run_meta(cfg, info.world_size, manifest)
     tag = checkpoint.latest_tag(ckpt_dir) if resume else None
     if tag is not None and not reshard:  # refuse before the (slow) engine build
         checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
     if tag is not None:  # DeepSpeed unpickles its files in full: prove first that none of them can run code
-        checkpoint.verify_folder(ckpt_dir / tag)
+        verify_folder(ckpt_dir / tag)
     if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
-    return Trainer(cfg, run_dir, info, meta, manifest, reporter).fit(tag, reshard, stop_at)
+    return Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
 
 
-def _tokenizer_id(manifest: dict) -> dict:
-    tok = manifest["tokenizer"]
-    return {k: tok.get(k) for k in ("kind", "vocab_size", "sha256")}
+def run_meta(cfg, world_size: int, manifest: dict) -> dict:
+    """What a checkpoint must match to be resumed without --reshard (meta.json; checkpoint.check_compatible)."""
+    tokenizer = {k: manifest["tokenizer"].get(k) for k in ("kind", "vocab_size", "sha256")}
+    return {"world_size": world_size, "arch": cfg.model.arch, "tokenizer": tokenizer, "seed": cfg.train.seed}
 
 
 def seed_everything(seed: int) -> None:
@@ -97,16 +112,41 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
+    """One rank's training: the DeepSpeed engine, the stream, the recurrent memory and the counters below.
+
+    Its own saved state (`state_dict`): the step, the tokens trained on and the steps skipped. A checkpoint holds
+    that and the other pieces `checkpointed()` names, each saved by the object that owns it."""
+
     def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict,
-                 reporter: Callable[[dict], None] | None = None):
+                 reporter: Callable[[dict], None] | None = None, resume_tag: str | None = None,
+                 reshard: bool = False):
         self.cfg, self.run_dir, self.info, self.meta, self.manifest = cfg, run_dir, info, meta, manifest
         self.reporter = reporter if info.rank == 0 else None
         self.rank = info.rank
+        self.resume_tag, self.reshard = resume_tag, reshard
         self.ckpt_dir = run_dir / "checkpoints"
         self.stop = StopRequest(cfg.train.stop_grace_s, self.rank, self._last_checkpoint)
+        self.step, self.tokens_seen = 0, 0
+        self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
+        self.built = False
+
+    # -- saved state -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.tokens_seen, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens_seen, self.skipped_steps = state["step"], state["tokens"], state["skipped_steps"]
+        self.bad_streak = 0  # a checkpoint is only written after a good step
+
+    def checkpointed(self) -> dict:
+        """This rank's state outside the DeepSpeed engine, by the name it is saved under in rank{r}.pt."""
+        return {"trainer": self, "recurrence": self.recurrence, "stream": self.stream, "rng": RNGState()}
 
     # -- setup -------------------------------------------------------------------------------------------------
-    def _build(self) -> None:
+    def build(self) -> None:
+        """The engine, the stream and the empty memory; once (fit() calls it when the caller has not)."""
+        if self.built:
+            return
         import deepspeed
         import torch
 
@@ -149,35 +189,23 @@ class Trainer:
                                              rank=self.rank, world_size=self.info.world_size)
         self.recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=self.device),
                                           self.device)
-        self.step, self.tokens_seen = 0, 0
-        self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
-        self.poison = nonfinite.Poison(self.rank)
+        self.poison = faults.Poison(self.rank)
+        self.built = True
 
     def _restore(self, tag: str, reshard: bool) -> None:
-        from .recurrence import RecurrenceStateError
-
         if reshard:
             self._load_resharded(tag)
             return
-        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag)
+        path, _ = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag)
         if path is None:
-            raise checkpoint.ResumeError(f"DeepSpeed could not load {self.ckpt_dir / tag}")
-        state = checkpoint.load_rank_state(self.ckpt_dir, tag, self.rank)
-        try:
-            # Checkpoints written before the recurrence objects held the memory at the top level.
-            self.recurrence.load_state_dict(state.get("recurrence") or {"memory": state["memory"]})
-        except RecurrenceStateError as exc:
-            raise checkpoint.ResumeError(f"cannot resume from {self.ckpt_dir / tag}: {exc}") from None
-        self.stream.load_state_dict(state["stream"])
-        checkpoint.set_rng_state(state["rng"])
-        self.step, self.tokens_seen = state["step"], state["tokens"]
-        self.skipped_steps = state.get("skipped_steps", 0)  # a checkpoint is only written after a good step
+            raise ResumeError(f"DeepSpeed could not load {self.ckpt_dir / tag}")
+        checkpoint.restore_rank(self.ckpt_dir, tag, self.rank, self.checkpointed())
 
     def _load_resharded(self, tag: str) -> None:
         # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
-        # evaluate.load_weights reads any ZeRO stage (zero_to_fp32 alone fails on a ZeRO-0 folder, which holds no
-        # optimizer partitions) and refuses a file that could run code.
-        from memlm.trainer.inference.evaluate import load_weights
+        # load_weights reads any ZeRO stage (zero_to_fp32 alone fails on a ZeRO-0 folder, which holds no optimizer
+        # partitions) and refuses a file that could run code.
+        from memlm.trainer.checkpoint.weights import load_weights
 
         state = load_weights(self.ckpt_dir, tag)
         if self.cfg.deepspeed.zero_stage == 3:
@@ -195,12 +223,13 @@ class Trainer:
                   "state, lr schedule and data position start over", file=sys.stderr)
 
     # -- one step ----------------------------------------------------------------------------------------------
-    def _train_step(self) -> dict:
-        """train.grad_accum micro-batches (trainer/loop/recurrence.py), engine.backward once each, engine.step after each
-        (DeepSpeed steps the optimizer on the last). Before that last engine.step one all-reduce adds every rank's
-        NLL, target and token counts and its non-finite flags (loss; at ZeRO-0 also the gradient norm, which the
-        optimizer does not check there): any flag skips the update on every rank alike (trainer/loop/nonfinite.py).
-        ZeRO 1-3 also skip on a non-finite global gradient norm inside DeepSpeed, seen here as engine.skipped_steps."""
+    def train_step(self) -> dict:
+        """One optimizer step: train.grad_accum micro-batches (recurrence.py), engine.backward once each, engine.step
+        after each (DeepSpeed steps the optimizer on the last). Before that last engine.step one all-reduce adds every
+        rank's NLL, target and token counts and its non-finite flags (StepFigures; loss, and at ZeRO-0 the gradient
+        norm, which the optimizer does not check there): any flag skips the update on every rank alike
+        (nonfinite.py). ZeRO 1-3 also skip on a non-finite global gradient norm inside DeepSpeed, seen here as
+        engine.skipped_steps. Returns the step's row figures: loss, inputs, lr, grad_norm, skipped, stop."""
         import torch
 
         engine, device = self.engine, self.device
@@ -213,14 +242,14 @@ class Trainer:
             batch = self.recurrence.step(engine, lambda: next(self.stream))
             loss = self.poison.loss(self.step + 1, micro, batch.loss)
             engine.backward(loss)
-            checkpoint.kill_point("step", self.step + 1, self.rank)  # test hook: a preemption mid-step
+            faults.kill_point("step", self.step + 1, self.rank)  # test hook: a preemption mid-step
             bad_loss |= ~torch.isfinite(loss.detach())  # stays on the device: no sync per micro-batch
             nll.append(batch.nll)
             count, inputs = count + batch.count, inputs + batch.inputs
             if engine.is_gradient_accumulation_boundary():
                 figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss,
                                                  self.stop.requested)
-                skip = figures[3] > 0 or figures[4] > 0
+                skip = figures.skip
                 if skip:
                     with nonfinite.skipped_update(engine.optimizer):
                         engine.step()
@@ -230,29 +259,27 @@ class Trainer:
                 engine.step()
             self.recurrence.advance()
             if micro < self.cfg.train.grad_accum - 1:  # test hook: a preemption between micro-batches
-                checkpoint.kill_point("micro", self.step + 1, self.rank)
+                faults.kill_point("micro", self.step + 1, self.rank)
         ds_skipped = engine.skipped_steps > ds_skipped_before
         if skip and not ds_skipped:  # the skip is the whole point: never let it pass silently
             raise RuntimeError(f"DeepSpeed applied step {self.step + 1}, which memlm asked it to skip "
                                f"(optimizer {type(engine.optimizer).__name__})")
         self.step += 1
         if skip or ds_skipped:
-            return {**self._skipped(figures), "stop": figures[5] > 0}
+            return {**self._skipped(figures), "stop": figures.stop > 0}
         self.bad_streak = 0
-        self.tokens_seen += int(figures[1])
+        self.tokens_seen += int(figures.targets)
         # What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's.
         if engine.get_global_grad_norm() is not None:
             grad_norm = engine.get_global_grad_norm()
-        return {"loss": figures[0] / max(figures[1], 1), "inputs": int(figures[2]), "lr": lr,
+        return {"loss": figures.nll / max(figures.targets, 1), "inputs": int(figures.inputs), "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False,
-                "stop": figures[5] > 0}
+                "stop": figures.stop > 0}
 
-    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> tuple[list[float], float | None]:
-        """[nll, targets, inputs, ranks with a non-finite loss, ranks with a non-finite gradient norm, ranks asked
-        to stop by SIGTERM] summed over ranks (the step's one all-reduce, and its one host read), and the ZeRO-0
-        gradient norm."""
+    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> tuple[StepFigures, float | None]:
+        """This step's figures summed over ranks (StepFigures: the step's one all-reduce) and the ZeRO-0 gradient
+        norm."""
         import torch
-        import torch.distributed as dist
 
         grad_norm = None
         bad_grad = torch.zeros((), dtype=torch.bool, device=self.device)
@@ -262,16 +289,10 @@ class Trainer:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
             bad_grad, grad_norm = ~torch.isfinite(norm), norm
-        summed = torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=self.device),
-                              torch.tensor(float(inputs), dtype=torch.float64, device=self.device),
-                              bad_loss.double(), bad_grad.double(),
-                              torch.tensor(float(stop), dtype=torch.float64, device=self.device)])
-        if self.info.world_size > 1:
-            dist.all_reduce(summed)
-        figures = summed.tolist()
+        figures = StepFigures.summed(nll, count, inputs, bad_loss, bad_grad, stop, self.info.world_size)
         return figures, (float(grad_norm) if grad_norm is not None else None)
 
-    def _skipped(self, figures: list[float]) -> dict:
+    def _skipped(self, figures: StepFigures) -> dict:
         """After a skipped step: count it, empty the memory, say so on rank 0; the metrics row holds no loss."""
         self.skipped_steps += 1
         self.bad_streak += 1
@@ -280,22 +301,24 @@ class Trainer:
         # segments its previous document's memory. Empty memory is what every lane has at a document start.
         self.recurrence.clear()
         world = self.info.world_size
-        if figures[3] > 0:
-            why = f"the loss was not finite on {int(figures[3])} of {world} rank(s)"
+        if figures.bad_loss > 0:
+            why = f"the loss was not finite on {int(figures.bad_loss)} of {world} rank(s)"
         else:
             why = "the gradient norm was not finite"
         if self.rank == 0:
             print(f"memlm train: warning: step {self.step} skipped: {why}; weights, optimizer state and learning-rate "
                   f"schedule unchanged, memory emptied ({self.bad_streak} in a row, train.max_bad_steps="
                   f"{self.cfg.train.max_bad_steps})", file=sys.stderr, flush=True)
-        return {"loss": None, "inputs": int(figures[2]), "lr": self.engine.get_lr()[0], "grad_norm": None,
+        return {"loss": None, "inputs": int(figures.inputs), "lr": self.engine.get_lr()[0], "grad_norm": None,
                 "skipped": True}
 
     # -- loop --------------------------------------------------------------------------------------------------
-    def fit(self, tag: str | None, reshard: bool, stop_at: int | None = None) -> Path:
+    def fit(self, stop_at: int | None = None) -> Path:
+        """Train to train.steps (or `stop_at`), resuming from `resume_tag` first; returns the run folder."""
         from .progress import Progress
 
-        self._build()
+        tag, reshard = self.resume_tag, self.reshard
+        self.build()
         if tag is not None:
             self._restore(tag, reshard)
             self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
@@ -338,7 +361,7 @@ class Trainer:
         window_start, window_inputs = time.perf_counter(), 0
         while self.step < end:
             runtime.refit_threads()  # fewer threads while other processes keep this rank's cores busy
-            result = self._train_step()
+            result = self.train_step()
             window_inputs += result["inputs"]
             if logged(self.step) or result["skipped"]:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
@@ -395,17 +418,12 @@ class Trainer:
                 "or train.clip, or look for bad data or weights near this step")
 
     def save(self) -> str:
-        state = {"recurrence": self.recurrence.state_dict(), "stream": self.stream.state_dict(),
-                 "rng": checkpoint.rng_state(), "step": self.step, "tokens": self.tokens_seen,
-                 "skipped_steps": self.skipped_steps, **self.meta}
-        return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, state, self.meta,
+        return checkpoint.save(self.engine, self.ckpt_dir, self.step, self.rank, self.checkpointed(), self.meta,
                                self.cfg.train.keep_last)
 
     def _tracker(self):
-        try:
-            from memlm.trainer.tracking.tracker import Tracker
-        except ImportError:
-            return _NoTracker()
+        from memlm.trainer.tracking.tracker import Tracker
+
         tracker = Tracker(self.cfg.tracking, self.run_dir, self.rank, self.cfg)
         tracker.set_tags({"arch": self.cfg.model.arch})
         if self.rank == 0:
@@ -414,25 +432,19 @@ class Trainer:
         return tracker
 
     def _evaluate(self, tracker) -> None:
-        try:
-            from memlm.trainer.inference.evaluate import evaluate
-        except ImportError:
-            if self.rank == 0:
-                warnings.warn("trainer.inference.evaluate is not available: skipping validation", RuntimeWarning)
-            return
         import torch
 
+        from memlm.trainer.inference.evaluate import evaluate
+
         # Evaluation draws no random numbers we rely on, but keep the training RNG untouched regardless.
-        rng = checkpoint.rng_state()
-        self.engine.eval()
-        with torch.no_grad():
+        with rng_preserved(), torch.no_grad():
+            self.engine.eval()
             result = evaluate(self.engine.module, self.cfg.data.path, "valid", lanes=self.cfg.data.eval_lanes,
                               seg_len=self.cfg.model.tgt_len, rank=self.rank, world_size=self.info.world_size,
                               device=self.device, max_batches=self.cfg.train.eval_batches,
                               continuous=self.cfg.data.continuous)
-        self.engine.train()
-        checkpoint.set_rng_state(rng)
-        checkpoint.kill_point("validation", self.step, self.rank)  # test hook: before the pass is recorded
+            self.engine.train()
+        faults.kill_point("validation", self.step, self.rank)  # test hook: before the pass is recorded
         if self.rank == 0:
             eval_json = self.run_dir / "eval" / f"step{self.step}.json"
             eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
@@ -452,17 +464,3 @@ def peak_memory_mb(device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-class _NoTracker:
-    def log_metrics(self, step, metrics):
-        pass
-
-    def log_artifact(self, path):
-        pass
-
-    def set_tags(self, tags):
-        pass
-
-    def finish(self, status="FINISHED"):
-        pass

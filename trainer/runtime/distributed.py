@@ -9,9 +9,11 @@ set the single-process values with a free loopback port. Without CUDA, DeepSpeed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,3 +201,33 @@ def barrier() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def evaluation_group() -> Iterator[tuple[int, int, object]]:
+    """(rank, world_size, device) for a command that runs collectively without an engine (`memlm eval` under
+    torchrun or the deepspeed launcher): an initialised group is reused; one is created when RANK and WORLD_SIZE say
+    there are several processes; else a single process without a group. A group created here is torn down on the
+    way out, after a barrier, so no rank closes gloo while another still talks to it (a SIGABRT at exit)."""
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if dist.is_available() and dist.is_initialized():
+        yield dist.get_rank(), dist.get_world_size(), device
+        return
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
+        yield 0, 1, device
+        return
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    try:
+        yield dist.get_rank(), dist.get_world_size(), device
+    finally:
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .client import open_client, set_environment
 from .errors import TrackingError
 
 KIND_TAGS = ("kind", "memlm.kind")  # what the cluster commands tag runs that are not training runs with
@@ -26,15 +27,8 @@ COMPARISON_KIND = "comparison"
 NOT_TRAINING = {COMPARISON_KIND, "extrapolation", "sweep", "sweep-parent", "sweep_parent"}
 HISTORY_KEYS = ("loss", "tokens_per_s", "valid_ppl")  # curves read per run (one request each)
 
-_QUIET = {
-    # Set before mlflow is imported: no telemetry (DESIGN §9) and a dead server fails in seconds, not minutes.
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    # Against a server MLflow prints "View run ... at: URL" on stdout when a run ends: stdout is the table here.
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
+# Against a server MLflow prints "View run ... at: URL" on stdout when a run ends: stdout is the table here.
+_QUIET = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
 
 @dataclass
@@ -68,16 +62,8 @@ def resolve_uri(uri: str | None) -> str:
 def open_store(uri: str) -> Any:
     """An MlflowClient for uri. A SQLite file that does not exist is refused: opening it would create an empty
     store as a side effect, and the user almost surely ran from another folder."""
-    for key, value in _QUIET.items():
-        os.environ.setdefault(key, value)
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        if not path.is_file():
-            raise TrackingError(f"no MLflow store at {path}: run from the folder you trained in, or pass "
-                               "--uri sqlite:///PATH/mlflow.db (or a server's http://HOST:PORT)")
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    set_environment(_QUIET)
+    return open_client(uri, create=False)
 
 
 def read_experiment(client: Any, uri: str, name: str) -> ExperimentRuns:

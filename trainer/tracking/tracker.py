@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
 
+from .client import open_client, set_environment
+
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
@@ -58,15 +60,6 @@ class RunsView(NamedTuple):
 
 TRAINING_VIEW = RunsView("memlm: training metrics", RUNS_VIEW_COLUMNS)
 
-_ENV_DEFAULTS = {
-    # MLflow phones home unless told not to; our tests and clusters have no outside network (DESIGN §9).
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "true",
-    # Defaults are 7 retries with exponential backoff and a 120 s timeout: a dead server would stall the
-    # first step for minutes. Fail fast instead; the tracker then goes quiet and training carries on.
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-}
 RUN_ID_CHARS = 6  # of the MLflow run id, appended to a default run name: enough to tell a store's runs apart
 
 
@@ -85,8 +78,7 @@ class Tracker:
         self._run_dir = Path(run_dir)
         if rank != 0 or not cfg.enabled:
             return
-        for key, value in _ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        set_environment()
         self.uri = cfg.resolved_uri()
         self._guard(self._start, cfg, Path(run_dir), config)
 
@@ -238,29 +230,6 @@ class Tracker:
         self._calls, self._last_flush = 0, time.monotonic()
 
 
-def open_client(uri: str) -> Any:
-    """An MlflowClient whose store exists and is migrated. For a SQLite file the first process creates the
-    tables while holding an exclusive lock on `.NAME.lock` beside it: two processes creating a fresh store at the
-    same moment (the demo's parallel trainings, two `memlm train` started together) otherwise both run the
-    migrations and leave it broken ("table _alembic_tmp_experiments already exists", DESIGN §9)."""
-    from mlflow import MlflowClient
-
-    if not uri.startswith("sqlite:///"):
-        return MlflowClient(tracking_uri=uri)
-    import fcntl
-
-    db = Path(uri[len("sqlite:///"):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(f".{db.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            client = MlflowClient(tracking_uri=uri)
-            client._tracking_client.store  # noqa: B018 - creating the store creates and migrates the tables
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return client
-
-
 def ensure_experiment(cfg: TrackingConfig, client: Any = None, view: RunsView | None = TRAINING_VIEW) -> str:
     """The id of cfg.experiment, created if missing (and tagged to open on its runs in the UI, with `view` saved
     for its runs table; None: no view). A fresh SQLite store is created under open_client's lock; still, a driver
@@ -376,18 +345,16 @@ def log_eval_result(config: RunConfig, run_dir: Path, result: dict[str, Any], js
     if not config.tracking.enabled or not id_file.is_file():
         return False
     run_id = id_file.read_text().strip()
-    for key, value in _ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    set_environment()
     uri_file = Path(run_dir) / URI_FILE
     # The store the run was created in, wherever `memlm eval` runs from now; older run folders lack the file.
     uri = uri_file.read_text().strip() if uri_file.is_file() else config.tracking.resolved_uri()
     suffix = _eval_suffix(config, result)
     step = int(result.get("step") or 0)
     try:
-        from mlflow import MlflowClient
         from mlflow.entities import Metric
 
-        client = MlflowClient(tracking_uri=uri)
+        client = open_client(uri, create=False)
         client.get_run(run_id)  # a run id from another store (say, a relative ./mlflow.db elsewhere) fails here
         now = int(time.time() * 1000)
         metrics = [Metric(f"{result['split']}_{key}{suffix}", float(result[key]), now, step)

@@ -165,9 +165,9 @@ def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
     from .tracker import RUNS_VIEW_KEY, RUNS_VIEW_TAG
 
     try:
-        from mlflow import MlflowClient
+        from .client import open_client
 
-        experiments = MlflowClient(tracking_uri=store).search_experiments(max_results=limit + 1,
+        experiments = open_client(store, create=False).search_experiments(max_results=limit + 1,
                                                                         order_by=["last_update_time DESC"])
     except Exception:  # noqa: BLE001 - the links are a convenience; the UI itself is up
         return []

@@ -164,7 +164,7 @@ def test_rng_state_carries_the_cuda_generators(monkeypatch):
     run with dropout 0.1 drew other masks from its first step). No GPU here: torch.cuda is stood in for."""
     import torch
 
-    from memlm.trainer.checkpoint import store as checkpoint
+    from memlm.trainer.checkpoint.rng import RNGState
 
     saved = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
     restored = []
@@ -172,7 +172,7 @@ def test_rng_state_carries_the_cuda_generators(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
-    state = checkpoint.rng_state()
+    state = RNGState().state_dict()
     assert state["cuda"] is saved
-    checkpoint.set_rng_state(state)
+    RNGState().load_state_dict(state)
     assert restored == [saved]

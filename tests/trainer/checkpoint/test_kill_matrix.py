@@ -82,7 +82,7 @@ def _settings(arch: str, world: int) -> dict:
 
 
 def final_state(run) -> dict:
-    from memlm.trainer.inference.evaluate import load_weights
+    from memlm.trainer.checkpoint.weights import load_weights
 
     rows = metrics(run)
     evals = {p.name: json.loads(p.read_text()) for p in sorted((run / "eval").glob("step*.json"))}

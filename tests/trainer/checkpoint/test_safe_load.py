@@ -63,7 +63,7 @@ def _resume(data, run: Path, common: dict) -> int:
 def test_everything_memlm_writes_loads_weights_only(runs):
     from torch.serialization import get_unsafe_globals_in_checkpoint
 
-    from memlm.trainer.checkpoint.store import deepspeed_safe_types
+    from memlm.trainer.checkpoint.safe_load import deepspeed_safe_types
 
     files = sorted(_ckpt(runs["stopped"]).glob("*.pt"))
     assert {f.name for f in files} >= {"rank0.pt", "mp_rank_00_model_states.pt"}
@@ -80,7 +80,7 @@ def test_everything_memlm_writes_loads_weights_only(runs):
 
 def _poison(path: Path, marker: Path) -> None:
     """Keep the file's real content (so a full unpickler would load it and carry on) and add the payload."""
-    from memlm.trainer.checkpoint.store import deepspeed_safe_types
+    from memlm.trainer.checkpoint.safe_load import deepspeed_safe_types
 
     with torch.serialization.safe_globals(deepspeed_safe_types()):
         state = torch.load(path, weights_only=True)
@@ -203,6 +203,35 @@ def test_an_older_rank_file_is_refused_with_the_conversion_then_converts_and_res
     assert f"converted {path}" in capsys.readouterr().out
     assert _resume(data, run, runs["common"]) == 0
     assert losses(run) == losses(runs["full"])
+
+
+def test_a_format_1_rank_file_resumes_exactly(runs, data, tmp_path):
+    """Rank files of format 1 (before each piece saved itself: the trainer's counters at the top level, no version)
+    resume into the same trajectory as the uninterrupted run."""
+    from memlm.trainer.checkpoint.store import FORMAT_KEY
+
+    run = _copy(runs["stopped"], tmp_path / "run")
+    path = _ckpt(run) / "rank0.pt"
+    state = torch.load(path, weights_only=True)
+    old = {"recurrence": state["recurrence"], "stream": state["stream"], "rng": state["rng"],
+           "step": state["trainer"]["step"], "tokens": state["trainer"]["tokens"],
+           "skipped_steps": state["trainer"]["skipped_steps"], "world_size": 1, "arch": "rmt"}
+    assert FORMAT_KEY in state and FORMAT_KEY not in old
+    torch.save(old, path)
+    assert _resume(data, run, runs["common"]) == 0
+    assert losses(run) == losses(runs["full"])
+
+
+def test_a_rank_file_of_a_newer_format_is_one_line(runs, data, tmp_path, capsys):
+    from memlm.trainer.checkpoint.store import FORMAT_KEY, FORMAT_VERSION
+
+    run = _copy(runs["stopped"], tmp_path / "run")
+    path = _ckpt(run) / "rank0.pt"
+    torch.save({**torch.load(path, weights_only=True), FORMAT_KEY: FORMAT_VERSION + 1}, path)
+    capsys.readouterr()
+    assert _resume(data, run, runs["common"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "newer memlm" in err[0], err
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def _trainer(data, tmp_path, zero: int, **extra):
 
     cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=zero, train__steps=8, **extra))
     trainer = Trainer(cfg, tmp_path / "run", distributed.setup_env(), {}, load_manifest(data))
-    trainer._build()
+    trainer.build()
     return trainer
 
 
@@ -69,21 +69,21 @@ def test_a_bad_step_is_skipped_exactly(zero, poison, data, tmp_path, monkeypatch
     """The skipped step changes nothing but the step counter, skipped_steps and the (emptied) memory; the next
     step trains normally. 'batch': the loss is NaN; 'gradient': the loss is finite, one gradient is inf (ZeRO-0:
     memlm's own norm check; ZeRO-2: DeepSpeed's, seen through engine.skipped_steps)."""
-    from memlm.trainer.loop import nonfinite
+    from memlm.trainer.runtime import faults
 
     trainer = _trainer(data, tmp_path, zero, train__grad_accum=2)
     for _ in range(2):
-        assert not trainer._train_step()["skipped"]
+        assert not trainer.train_step()["skipped"]
     before = _snapshot(trainer)
     tokens = trainer.tokens_seen
     if poison == "batch":
-        monkeypatch.setenv(nonfinite.POISON_HOOK, "3:0:batch")
-        trainer.poison = nonfinite.Poison(0)
+        monkeypatch.setenv(faults.POISON_HOOK, "3:0:batch")
+        trainer.poison = faults.Poison(0)
         hook = None
     else:
         weight = next(trainer.engine.module.parameters())
         hook = weight.register_hook(lambda g: g + float("inf"))
-    result = trainer._train_step()
+    result = trainer.train_step()
     if hook is not None:
         hook.remove()
     assert result["skipped"] and result["loss"] is None
@@ -97,19 +97,19 @@ def test_a_bad_step_is_skipped_exactly(zero, poison, data, tmp_path, monkeypatch
     for p in trainer.engine.module.parameters():
         assert p.grad is None or not p.grad.any()  # nothing of the bad step waits in the gradients
 
-    monkeypatch.delenv(nonfinite.POISON_HOOK, raising=False)
-    trainer.poison = nonfinite.Poison(0)  # the hook is read once per Trainer: read it again, now empty
-    good = trainer._train_step()
+    monkeypatch.delenv(faults.POISON_HOOK, raising=False)
+    trainer.poison = faults.Poison(0)  # the hook is read once per Trainer: read it again, now empty
+    good = trainer.train_step()
     assert not good["skipped"] and math.isfinite(good["loss"]) and math.isfinite(good["grad_norm"])
     assert trainer.bad_streak == 0 and trainer.skipped_steps == 1
     assert not _same(_snapshot(trainer)["params"], before["params"])
 
 
 def test_too_many_bad_steps_stop_the_run_and_keep_the_last_good_checkpoint(data, tmp_path, monkeypatch, capsys):
-    from memlm.trainer.loop import nonfinite
+    from memlm.trainer.runtime import faults
 
     out = tmp_path / "run"
-    monkeypatch.setenv(nonfinite.POISON_HOOK, "3:0:param")  # an inf weight: every later step is bad
+    monkeypatch.setenv(faults.POISON_HOOK, "3:0:param")  # an inf weight: every later step is bad
     capsys.readouterr()
     rc = main(["train", preset("txl"), *overrides(data, train__steps=10, train__save_every=2, train__max_bad_steps=3),
                "--out", str(out)])
@@ -127,7 +127,7 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_last_good_checkpoint(data,
     assert all(rows[s]["loss"] is None for s in (3, 4, 5)) and math.isfinite(rows[2]["loss"])
     assert "NaN" not in (out / "metrics.jsonl").read_text()
 
-    from memlm.trainer.inference.evaluate import load_weights
+    from memlm.trainer.checkpoint.weights import load_weights
 
     weights = load_weights(out / "checkpoints", "global_step2")
     assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
@@ -145,7 +145,7 @@ def test_two_ranks_zero2_skip_in_lockstep_then_stop(data, tmp_path):
     assert all(math.isfinite(rows[s]["loss"]) for s in (1, 2, 4, 5))
     for rank in (0, 1):  # both ranks counted it: their checkpoints agree
         state = torch.load(out / "checkpoints" / "global_step5" / f"rank{rank}.pt", weights_only=True)
-        assert state["skipped_steps"] == 1 and state["step"] == 5
+        assert state["trainer"]["skipped_steps"] == 1 and state["trainer"]["step"] == 5
 
     out = tmp_path / "stuck"
     proc = torchrun("txl", data, out, check=False, env_extra={"MEMLM_TEST_POISON": "3:1:param"},
