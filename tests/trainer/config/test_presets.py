@@ -103,6 +103,11 @@ def test_a_name_never_leaves_the_presets_folder():
     assert "not found" in one_line_error(load_config, "tiny/../tiny/txl")
 
 
+def test_a_preset_file_is_shown_by_its_name(tmp_path):
+    assert presets.name_of(CONFIGS / "tiny" / "lamemo.yaml") == "tiny/lamemo"
+    assert presets.name_of(tmp_path / "mine.yaml") == str(tmp_path / "mine.yaml")
+
+
 def test_every_moved_name_points_at_a_preset():
     assert set(presets.MOVED.values()) <= set(presets.names())
 
