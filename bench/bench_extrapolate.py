@@ -61,7 +61,7 @@ def prepare_run(root: Path, arch: str, held_out_bytes: int, steps: int) -> tuple
         "train.eval_every=0", "train.log_every=1000", "tracking.enabled=false", "data.batch_size=8"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-m", "memlm", "train", str(ROOT / "configs" / "tiny_txl.yaml"), *overrides,
+    subprocess.run([sys.executable, "-m", "memlm", "train", "tiny/txl", *overrides,
                     "--out", str(run)], cwd=ROOT, env=env, check=True, capture_output=True, text=True)
     return run, manifest["splits"]["test"]["tokens"]
 

@@ -6,7 +6,7 @@
 
 Every run is a separate `python -m memlm train` process (a fresh CUDA context, so peak_mem_mb is that run's own),
 on a prepared word-level WikiText-2 (vocabulary 33,278), with the WikiText-103 base shape of
-configs/wt103_base_{txl,lamemo}.yaml (16 layers, 10 x 41, d_model 410, d_inner 2100, N = M = 150, 64 lanes) and
+the presets paper/wt103/{txl,lamemo} (16 layers, 10 x 41, d_model 410, d_inner 2100, N = M = 150, 64 lanes) and
 an adaptive softmax with one cutoff at 20,000. Phases:
 
 - timing: txl and lamemo at ZeRO 0, 1, 2, 3, bf16, DeepSpeed's torch Adam; metrics rows every 10 steps.
@@ -36,11 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = {
     # The WikiText-103 base shape on WikiText-2's word vocabulary.
-    "base": dict(presets={"txl": "configs/wt103_base_txl.yaml", "lamemo": "configs/wt103_base_lamemo.yaml"},
+    "base": dict(presets={"txl": "paper/wt103/txl", "lamemo": "paper/wt103/lamemo"},
                  overrides=["model.vocab_size=33278", "model.cutoffs=[20000]", "data.batch_size=64"],
                  steps=40, log_every=10, resume_steps=30),
     # CPU smoke run of the same procedure.
-    "tiny": dict(presets={"txl": "configs/tiny_txl.yaml", "lamemo": "configs/tiny_lamemo.yaml"},
+    "tiny": dict(presets={"txl": "tiny/txl", "lamemo": "tiny/lamemo"},
                  overrides=["model.vocab_size=33278", "model.cutoffs=[20000]"], steps=6, log_every=2, resume_steps=6),
 }
 

@@ -40,9 +40,9 @@ from memlm.models.flops import flops_per_token  # noqa: E402
 # the H100 PCIe is listed first because its name also contains "H100").
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 PEAK_TF32 = {"H100 PCIe": 378e12, "H100": 494.7e12, "H200": 494.7e12, "A100": 156e12}
-RMT_MEM_TOKENS = 10  # configs/rmt_wt103_bptt3_mem10.yaml
+RMT_MEM_TOKENS = 10  # preset paper/wt103/rmt_bptt3_mem10
 
-# The LaMemo paper's WikiText-103 base (App. C; configs/wt103_base_txl.yaml): 16 layers, 10 x 41, N = M = 150.
+# The LaMemo paper's WikiText-103 base (App. C; preset paper/wt103/txl): 16 layers, 10 x 41, N = M = 150.
 WT103_BASE = dict(n_layer=16, n_head=10, d_head=41, d_model=410, d_inner=2100, vocab_size=267735, tgt_len=150,
                   mem_len=150, cutoffs=[20000, 40000, 200000], div_val=1, tie_weight=True, dropout=0.1)
 

@@ -27,7 +27,7 @@ its optimizer's time, i.e. the most that any implementation of memlm's computati
 torch's Adam could show against that peer.
 
 Shapes: "small" (4 layers, d 256, 4 x 64 heads, d_inner 1024, N = M = 128, 8 lanes, V 8000, plain softmax; all
-models in one group) and "wt103" (configs/wt103_base_txl.yaml: 16 layers, d 410, 10 x 41 heads, d_inner 2100,
+models in one group) and "wt103" (preset paper/wt103/txl: 16 layers, d 410, 10 x 41 heads, d_inner 2100,
 N = M = 150, V 267,735 with adaptive softmax cutoffs 20k/40k/200k, 2 lanes; 1 warm-up and 2 timed steps, 3-9 s
 each on one core; the models are timed in groups of two or three, each memlm model with its peers, because all of
 them at once need ~25 GB; lucidrains' RMT and labml-nn have neither adaptive softmax nor tied embeddings, so

@@ -67,7 +67,7 @@ def eval_workload(data: Path, batches: int):
     from memlm.trainer.config.run_config import eval_model_config, load_config
     from memlm.trainer.inference.evaluate import evaluate
 
-    cfg = load_config(ROOT / "configs" / "tiny_lamemo.yaml",
+    cfg = load_config("tiny/lamemo",
                       [f"data.path={data}", "model.vocab_size=33278", "eval.mem_mult=4"])
     mcfg = eval_model_config(cfg)
     model = build_model(mcfg)

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.config import presets
+
 from .errors import ClusterError
 from .sweep_config import Sweep, load_sweep
 from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn
@@ -63,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
     import mlflow  # noqa: F401 - imported first: it sets up its loggers, which route_library_loggers then adjusts
 
     _route_library_logs(sweep_dir)
-    print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {sweep.base_path.name} in {sweep_dir}", flush=True)
+    base = presets.name_of(sweep.base_path)
+    print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {base} in {sweep_dir}", flush=True)
     parent: ParentRun | None = None
     try:
         from .ray_runtime import connected_resources, ray_session

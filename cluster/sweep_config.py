@@ -2,7 +2,7 @@
 checks that make a typo fail in a second, before Ray starts.
 
     name: tiny-grid
-    base: tiny_lamemo.yaml              # run-config preset, relative to this file
+    base: tiny/lamemo                   # run-config preset's name, or a file relative to this one
     overrides: {train.steps: 20}        # fixed for every trial (dotted keys of the run config)
     space:                              # dotted key -> one of choice / grid / uniform / loguniform / randint
       train.lr: {grid: [1.0e-3, 3.0e-3]}
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.models.config import ConfigError
+from memlm.trainer.config import presets
 from memlm.trainer.config.run_config import RunConfig, apply_overrides, config_from_dict
 from memlm.trainer.config.schema import build, flatten_dict, key_type, read_yaml
 
@@ -135,7 +136,7 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
 
     forced: dotted values the sweep itself sets for every trial (absolute data path, tracking): checked too.
     """
-    path = Path(path)
+    path = presets.find(path)
     tree = read_yaml(path)
     if tree is None:
         tree = {}
@@ -156,14 +157,15 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
         file.num_samples = num_samples
     _check_settings(file, path)
     if not file.base:
-        raise ConfigError(f"{path}: 'base' is missing: name the run-config preset the trials start from, "
-                          "e.g. base: tiny_lamemo.yaml (relative to the sweep file)")
-    base_path = (path.parent / file.base).resolve()
-    if not base_path.is_file():
-        raise ConfigError(f"{path}: base preset not found: {base_path} (base: is relative to the sweep file)")
+        raise ConfigError(f"{path}: 'base' is missing: name the run config the trials start from, e.g. "
+                          "base: tiny/lamemo (a preset, or a file relative to the sweep file)")
+    try:
+        base_path = presets.find(file.base, relative_to=path.parent).resolve()
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: 'base: {file.base}': {exc}") from None
     from memlm.trainer.config.schema import load_tree
 
-    base_tree = load_tree(base_path)
+    base_tree = load_tree(base_path, find_parent=presets.find)
     # Typed dotted values: apply_overrides names a bad key/type; flatten_dict gives them back dotted.
     fixed = flatten_dict(apply_overrides({}, overrides))
     cli = flatten_dict(apply_overrides({}, list(cli_overrides)))

@@ -1,7 +1,8 @@
 """memlm: training and evaluation of segment-recurrent memory language models.
 
 One namespace for the repository's top-level folders: `memlm.models` (models/), `memlm.data_pipeline`
-(data_pipeline/), `memlm.trainer` (trainer/), `memlm.cluster` (cluster/), and this folder for the command line.
+(data_pipeline/), `memlm.trainer` (trainer/), `memlm.cluster` (cluster/), `memlm.configs` (configs/, the YAML
+presets), and this folder for the command line.
 An install maps each folder there (pyproject.toml's package-dir), so their generic names never clash with another
 project's. Run from a source checkout without installing (`PYTHONPATH=.`, as on the GPU machines), the folders
 beside this one are found the same way.

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
+CONFIG_HELP = "a YAML file, or a preset's name such as tiny/txl or paper/wt103/lamemo (`memlm config --list`)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,13 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_config(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("config", help="print the resolved config (presets, inherit: and overrides) as YAML")
-    p.add_argument("config", metavar="CONFIG.yaml")
+    p = commands.add_parser("config", help="print the resolved config (presets, inherit: and overrides) as YAML, "
+                            "or list the presets (--list)")
+    p.add_argument("config", nargs="?", metavar="CONFIG", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. model.mem_len=16 model.cutoffs=[20,40]")
+    p.add_argument("--list", action="store_true", help="print every preset's name and first comment line")
     p.set_defaults(run=_run_config)
 
 
 def _run_config(args: argparse.Namespace) -> int:
+    from memlm.models.config import ConfigError  # without torch, like the presets module
+
+    if args.list:
+        if args.config or args.overrides:
+            given = " ".join(filter(None, [args.config, *args.overrides]))
+            raise ConfigError(f"config --list takes no CONFIG or overrides, got {given}")
+        from memlm.trainer.config import presets
+
+        sys.stdout.write(presets.listing())
+        return 0
+    if not args.config:
+        raise ConfigError("config needs a CONFIG (a YAML file, or a preset's name such as tiny/txl), or --list "
+                          "to see the presets")
     from memlm.trainer.config.run_config import config_to_yaml, load_config
 
     sys.stdout.write(config_to_yaml(load_config(args.config, args.overrides)))
@@ -200,7 +216,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 def _add_train(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="train a model with DeepSpeed (plain process, torchrun or deepspeed launcher)")
-    p.add_argument("config", metavar="CONFIG.yaml")
+    p.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. train.steps=100 data.path=DATA_DIR")
     p.add_argument("--out", metavar="RUN_DIR", help="run folder (default runs/ARCH)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest")
@@ -327,7 +343,7 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
 def _add_sweep(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("sweep", help="Ray Tune sweep of training runs over a YAML search space; MLflow parent "
                             "run with one child run per trial")
-    p.add_argument("sweep", metavar="SWEEP.yaml")
+    p.add_argument("sweep", metavar="SWEEP", help="a sweep file, or a preset's name such as sweeps/tiny_grid")
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value",
                    help="fixed overrides of the base run config for every trial (e.g. data.path=DATA_DIR), or of "
                         "the sweep file's own keys (e.g. resources.gpus=0 max_concurrent=1)")

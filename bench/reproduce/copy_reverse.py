@@ -4,7 +4,7 @@ no-memory Transformer+RPE, Transformer-XL (M = N) and RMT.
     .venv/bin/python bench/reproduce/copy_reverse.py                   # -> bench/results/reproduce_tasks_cpu.json
     .venv/bin/python bench/reproduce/copy_reverse.py --profile smoke   # CI: 2 and 4 segments, 3 steps
 
-The segment length stays N = 8 (configs/repro_tasks_small.yaml), so every run reads the same tokens per step; the
+The segment length stays N = 8 (configs/reproduce/copy_reverse.yaml), so every run reads the same tokens per step; the
 number of segments a sample spans comes from the task length L: a copy sample is `L symbols > the L symbols
 twice` plus its boundary token (3L + 2 tokens), a reverse sample `L symbols > reversed` (2L + 2). Each data set is
 `memlm prepare --corpus task`, each run `memlm train` then `memlm eval --split test`, whose JSON carries
@@ -36,7 +36,7 @@ from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add
                                     supervise, write_json)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
-PRESET = ROOT / "configs" / "repro_tasks_small.yaml"
+PRESET = ROOT / "configs" / "reproduce" / "copy_reverse.yaml"
 N = 8
 ARCHS = {"transformer": ("Transformer+RPE", ["model.arch=transformer", "model.mem_len=0"]),
          "txl": ("Transformer-XL (M = N)", ["model.arch=txl"]),

@@ -5,7 +5,7 @@
     .venv/bin/python bench/reproduce/wikitext2.py --profile smoke   # seconds: a few lines of WikiText-2, 3 steps
 
 Data: ../shared/data/wikitext-2 prepared by `memlm prepare --corpus wikitext --tokenizer word` (the papers'
-tokenization: the corpus's own words plus <eos>, vocabulary 33,278). Model: configs/repro_wt2_small.yaml for the
+tokenization: the corpus's own words plus <eos>, vocabulary 33,278). Model: configs/reproduce/wikitext2.yaml for the
 cpu profile (2 layers, d 128, 4 x 32 heads, d_inner 512, N = M = 64, 8 lanes, adaptive softmax 2k/10k, dropout
 0.1, Adam 2e-3 cosine, 100 warmup steps); every variant changes only its architecture keys, so all of them read
 the same batches for the same steps (equal tokens). Variants: Transformer+RPE (no memory), Transformer-XL, LaMemo,
@@ -39,7 +39,7 @@ from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, Experim
                                     read_json, run_experiment, run_queue, save_figure, shown, supervise, write_json)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
-PRESET = ROOT / "configs" / "repro_wt2_small.yaml"
+PRESET = ROOT / "configs" / "reproduce" / "wikitext2.yaml"
 # name -> (label, overrides on top of the preset)
 VARIANTS = {
     "transformer": ("Transformer+RPE", ["model.arch=transformer", "model.mem_len=0"]),

@@ -18,7 +18,8 @@ from memlm import cli
 from memlm.trainer.config.run_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = "configs/tiny_txl.yaml"
+TINY = "tiny/txl"  # a preset's name, as users type it
+TINY_PATH = ROOT / "configs" / "tiny" / "txl.yaml"
 
 # The installed console script when `pip install -e .` has run, else the same entry through `python -m memlm`.
 _SCRIPT = Path(sys.executable).parent / "memlm"
@@ -29,13 +30,17 @@ MISTAKES = {
     "unknown_override_key": (["config", TINY, "model.mem_lenn=4"], "did you mean 'model.mem_len'"),
     "bad_override_type": (["config", TINY, "model.n_layer=two"], "model.n_layer: expected int"),
     "missing_file": (["config", "configs/no_such_preset.yaml"], "not found"),
+    "unknown_preset": (["config", "tiny/tx"], "closest presets: tiny/txl"),
     "yaml_syntax": (["config", "{tmp}/bad.yaml"], "YAML syntax error"),
     "unknown_key_in_file": (["config", "{tmp}/typo.yaml"], "'train.stpes'"),
 }
 # more mistakes, checked in this process (the same main(), without another second of torch import each)
 MORE_MISTAKES = {
     "bad_choice": (["config", TINY, "deepspeed.precision=fp8"], "not one of fp32 | bf16 | fp16"),
-    "impossible_combo": (["config", "configs/tiny_transformer.yaml", "model.mem_len=8"], "model.mem_len must be 0"),
+    "impossible_combo": (["config", "tiny/transformer", "model.mem_len=8"], "model.mem_len must be 0"),
+    "moved_preset": (["config", "configs/wt103_base_lamemo.yaml"], "closest presets: paper/wt103/lamemo,"),
+    "list_and_config": (["config", "--list", TINY], "--list takes no CONFIG"),
+    "no_config": (["config"], "or --list"),
     "cross_section": (["config", TINY, "eval.mem_len=8", "eval.mem_mult=2"], "eval.mem_mult=2.0 are both set"),
     "not_key_value": (["config", TINY, "model.mem_len"], "dotted.key=value"),
     "folder_as_config": (["config", "configs"], "folder"),
@@ -47,7 +52,7 @@ MORE_MISTAKES = {
 def files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "bad.yaml").write_text("model:\n  arch: [txl\n")
-    (tmp / "typo.yaml").write_text(f"inherit: {ROOT / TINY}\ntrain:\n  stpes: 3\n")
+    (tmp / "typo.yaml").write_text(f"inherit: {TINY}\ntrain:\n  stpes: 3\n")
     return tmp
 
 
@@ -66,7 +71,7 @@ def test_config_prints_the_resolved_yaml(entry, tmp_path):
     printed = yaml.safe_load(proc.stdout)
     assert printed["model"]["mem_len"] == 4 and printed["model"]["arch"] == "txl"
     (tmp_path / "printed.yaml").write_text(proc.stdout)
-    assert load_config(tmp_path / "printed.yaml") == load_config(ROOT / TINY, ["model.mem_len=4"])
+    assert load_config(tmp_path / "printed.yaml") == load_config(TINY_PATH, ["model.mem_len=4"])
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
@@ -95,7 +100,7 @@ def test_no_command_is_a_usage_error():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "memlm: error: the following arguments are required: COMMAND (see `memlm --help`)"]
-    proc = run(MEMLM + ["train", "configs/tiny_txl.yaml", "--stop-at", "soon"])  # a bad flag value: one line too
+    proc = run(MEMLM + ["train", TINY, "--stop-at", "soon"])  # a bad flag value: one line too
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("memlm: error: train: argument --stop-at") and "--help" in proc.stderr
 

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WIKITEXT_VOCAB = 33_278  # WikiText-2's word vocabulary, as the README's model.vocab_size says
 SKIPPED = {
     "bash scripts/test.sh": "the command running this test",
-    "memlm sweep configs/sweep_lamemo_table5.yaml": "WikiText-103 and a GPU per trial",
+    "memlm sweep sweeps/lamemo_table5": "WikiText-103 and a GPU per trial",
     "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
     "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
     "memlm ui": "serves until Ctrl-C (tests/trainer/tracking/test_ui.py starts and stops it)",

@@ -223,7 +223,7 @@ def test_runs_of_different_target_lengths_need_tgt_len(tmp_path, capsys):
 
     for name, n in (("a", 8), ("b", 16)):
         (tmp_path / name).mkdir()
-        dump_yaml(load_config(REPO / "configs" / "tiny_txl.yaml", [f"model.tgt_len={n}"]), tmp_path / name / "config.yaml")
+        dump_yaml(load_config("tiny/txl", [f"model.tgt_len={n}"]), tmp_path / name / "config.yaml")
     assert main(["extrapolate", str(tmp_path / "a"), str(tmp_path / "b"), "--mult", "1-2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "different target lengths" in err and "--tgt-len" in err, err

@@ -30,8 +30,8 @@ from support.ray_listeners import ListenerWatch, address_namespace
 from support.training import REPO, child_env, make_data
 
 CONFIGS = REPO / "configs"
-SWEEP_PRESETS = sorted(CONFIGS.glob("sweep_*.yaml"))
-TINY_SWEEP = CONFIGS / "sweep_tiny.yaml"
+SWEEP_PRESETS = sorted((CONFIGS / "sweeps").glob("*.yaml"))
+TINY_SWEEP = CONFIGS / "sweeps" / "tiny_grid.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +60,42 @@ def trials_table(sweep_dir: Path) -> list[dict]:
 # --- the sweep file --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("preset", SWEEP_PRESETS, ids=lambda p: p.name)
+@pytest.mark.parametrize("preset", SWEEP_PRESETS, ids=lambda p: p.stem)
 def test_every_sweep_preset_parses(preset):
     sweep = load_sweep(preset)  # builds and validates the run config at every extreme of the space
     assert sweep.space and sweep.base_path.is_file()
+    # configs/sweeps/'s one naming rule: a file is named after its sweep (name: tiny-grid -> tiny_grid.yaml)
+    assert preset.stem == sweep.name.replace("-", "_")
+
+
+def test_a_sweep_preset_loads_by_name_as_by_path():
+    by_name, by_path = load_sweep("sweeps/tiny_grid"), load_sweep(TINY_SWEEP)
+    assert by_name.path == TINY_SWEEP.resolve() == by_path.path
+    assert by_name.signature() == by_path.signature() and by_name.base_tree == by_path.base_tree
+    assert by_name.base_path == (CONFIGS / "tiny" / "lamemo.yaml").resolve()  # its `base: tiny/lamemo`
+
+
+def test_base_is_a_file_beside_the_sweep_file_before_a_preset(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "lamemo").write_text("inherit: tiny/lamemo\nmodel: {n_layer: 3}\n")  # a file, no suffix
+    (tmp_path / "sweep.yaml").write_text("base: tiny/lamemo\nspace:\n  train.lr: {choice: [1.0e-3]}\n")
+    sweep = load_sweep(tmp_path / "sweep.yaml")
+    assert sweep.base_path == (tmp_path / "tiny" / "lamemo").resolve() and sweep.base_tree["model"]["n_layer"] == 3
+    assert sweep.base_tree["model"]["arch"] == "lamemo"  # its own inherit: is the preset
+
+
+def test_an_unknown_base_names_the_closest_presets(tmp_path):
+    (tmp_path / "sweep.yaml").write_text("base: tiny/lamemoo\nspace:\n  train.lr: {choice: [1.0e-3]}\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(tmp_path / "sweep.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "'base: tiny/lamemoo'" in message, message
+    assert "closest presets: tiny/lamemo" in message and "memlm config --list" in message, message
 
 
 def test_lamemo_table5_space_is_the_papers():
-    sweep = load_sweep(CONFIGS / "sweep_lamemo_table5.yaml")
-    assert sweep.base_path.name == "wt103_base_lamemo.yaml"
+    sweep = load_sweep("sweeps/lamemo_table5")
+    assert sweep.base_path == (CONFIGS / "paper" / "wt103" / "lamemo.yaml").resolve()
     assert {d.key: (d.kind, d.values) for d in sweep.space} == {
         "train.lr": ("choice", [1e-4, 2.5e-4, 5e-4]),
         "train.schedule": ("choice", ["linear", "cosine"]),
@@ -97,7 +124,7 @@ def test_bad_sweep_file_is_one_line_before_ray(case, tmp_path, capsys, data):
     body, expected = BAD_FILES[case]
     path = tmp_path / "bad.yaml"
     space = "" if "space:" in body else "space:\n  train.lr: {choice: [1.0e-3]}\n"
-    path.write_text(f"base: {CONFIGS / 'tiny_lamemo.yaml'}\noverrides: {{train.steps: 10, train.eval_every: 5}}\n"
+    path.write_text(f"base: tiny/lamemo\noverrides: {{train.steps: 10, train.eval_every: 5}}\n"
                     f"{body}{space}")
     out = tmp_path / "sweep"
     started = time.monotonic()
@@ -133,7 +160,7 @@ def test_trials_that_cannot_fit_are_refused_before_ray_starts(tmp_path, capsys, 
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for Ray, also on a machine that has one
     out = tmp_path / "sweep"
-    table5 = str(CONFIGS / "sweep_lamemo_table5.yaml")
+    table5 = "sweeps/lamemo_table5"
     assert main(["sweep", table5, f"data.path={data}", "--out", str(out), "--num-cpus", "4"]) == 2
     err = one_error_line(capsys)
     assert "each trial asks for 4 CPUs and 1 GPU" in err and "the local Ray would have 4 CPUs and 0 GPUs" in err
@@ -146,12 +173,12 @@ def test_trials_that_cannot_fit_are_refused_before_ray_starts(tmp_path, capsys, 
 
 
 def test_sweep_file_keys_can_be_overridden_on_the_command_line():
-    sweep = load_sweep(CONFIGS / "sweep_lamemo_table5.yaml", ["resources.gpus=0", "resources.cpus=2",
+    sweep = load_sweep("sweeps/lamemo_table5", ["resources.gpus=0", "resources.cpus=2",
                                                                 "max_concurrent=1", "train.steps=5000"])
     assert (sweep.file.resources.gpus, sweep.file.resources.cpus, sweep.file.max_concurrent) == (0, 2, 1)
     assert sweep.fixed["train.steps"] == 5000  # a run-config key still goes to every trial
     with pytest.raises(ConfigError, match="did you mean 'resources.gpus'"):
-        load_sweep(CONFIGS / "sweep_lamemo_table5.yaml", ["resources.gpu=0"])
+        load_sweep("sweeps/lamemo_table5", ["resources.gpu=0"])
 
 
 @pytest.mark.xdist_group("ray")
@@ -284,7 +311,7 @@ def _sweep_cmd(sweep_file: Path, sweep_dir: Path, data: Path) -> list[str]:
 SERIAL_STEPS = 200
 SERIAL_SWEEP = f"""\
 name: serial
-base: {CONFIGS / 'tiny_lamemo.yaml'}
+base: tiny/lamemo
 overrides: {{train.steps: {SERIAL_STEPS}, train.eval_every: 100, train.save_every: 20, train.eval_batches: 2,
              train.warmup_steps: 0, train.log_every: 10}}
 space:
@@ -407,7 +434,7 @@ def own_valid_ppl(sweep_dir: Path, trial_id: str) -> float:
 # the second at its first rung. One at a time, so the strong trial's results are in each rung first.
 ASHA_SWEEP = f"""\
 name: asha
-base: {CONFIGS / 'tiny_lamemo.yaml'}
+base: tiny/lamemo
 overrides: {{train.steps: 6, train.eval_every: 2, train.save_every: 2, train.eval_batches: 2, train.warmup_steps: 0}}
 space:
   train.lr: {{grid: [3.0e-2, 1.0e-5]}}
@@ -457,7 +484,7 @@ def test_trial_with_two_deepspeed_workers(tmp_path, data, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep_file = tmp_path / "workers.yaml"
     sweep_file.write_text(
-        f"base: {CONFIGS / 'tiny_lamemo.yaml'}\n"
+        f"base: tiny/lamemo\n"
         "overrides: {train.steps: 4, train.eval_every: 2, train.save_every: 2, train.eval_batches: 2, "
         "train.warmup_steps: 0, deepspeed.zero_stage: 2}\n"
         "space:\n  train.lr: {grid: [1.0e-3]}\n"
@@ -565,7 +592,7 @@ def test_search_space_kinds_and_asha(tmp_path):
     from memlm.cluster.sweep import _param_space, _scheduler
 
     path = tmp_path / "s.yaml"
-    path.write_text(f"base: {CONFIGS / 'tiny_lamemo.yaml'}\n"
+    path.write_text(f"base: tiny/lamemo\n"
                     "space:\n  train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n  train.clip: {uniform: [0.1, 1.0]}\n"
                     "  model.mem_len: {randint: [4, 17]}\n  train.schedule: {choice: [linear, cosine]}\n"
                     "scheduler: {type: asha, grace_period: 5}\n")
@@ -576,7 +603,7 @@ def test_search_space_kinds_and_asha(tmp_path):
     assert isinstance(asha, ASHAScheduler) and asha._time_attr == "step" and asha._max_t == 20  # tiny: 20 steps
     # randint's upper bound is excluded: the checked extreme is 16; an int key refuses a float range
     assert [d.candidates() for d in sweep.space if d.key == "model.mem_len"] == [[4, 16]]
-    path.write_text(f"base: {CONFIGS / 'tiny_lamemo.yaml'}\nspace:\n  model.mem_len: {{uniform: [4, 16]}}\n")
+    path.write_text(f"base: tiny/lamemo\nspace:\n  model.mem_len: {{uniform: [4, 16]}}\n")
     with pytest.raises(ConfigError, match="space.model.mem_len.uniform"):
         load_sweep(path)
 

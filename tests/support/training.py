@@ -39,7 +39,8 @@ def overrides(data: Path, **extra) -> list[str]:
 
 
 def preset(arch: str) -> str:
-    return str(REPO / "configs" / f"tiny_{arch}.yaml")
+    """The tiny CPU preset of `arch`, by name: memlm finds it from any working folder (configs/tiny/ARCH.yaml)."""
+    return f"tiny/{arch}"
 
 
 def flags(resume: bool, stop_at: int | None) -> list[str]:

@@ -1,6 +1,6 @@
 """The run configuration: typed sections, YAML presets with `inherit:`, dotted overrides, one validation.
 
-    cfg = load_config("configs/tiny_txl.yaml", ["model.mem_len=16", "train.lr=1e-3"])   # validated RunConfig
+    cfg = load_config("tiny/txl", ["model.mem_len=16", "train.lr=1e-3"])               # a preset, or a YAML path
     cfg = config_from_dict({"model": {"arch": "lamemo"}}, {"train.steps": 50})          # sweeps: dicts and values
     flatten(cfg)["model.mem_len"]                                                       # MLflow params
     dump_yaml(cfg, run_dir / "config.yaml")                                             # reloads to an equal config
@@ -21,6 +21,7 @@ from typing import Any, Optional, Union
 from memlm.data_pipeline.config import DataConfig
 from memlm.models.config import ARCHS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
 
+from . import presets
 from .schema import (
     build,
     convert,
@@ -204,8 +205,10 @@ Overrides = Union[Iterable[str], Mapping[str, Any]]
 
 
 def load_config(path: str | Path, overrides: Overrides = ()) -> RunConfig:
-    """The validated RunConfig of a YAML preset (with its `inherit:` chain) and dotted overrides."""
-    return config_from_dict(load_tree(path), overrides)
+    """The validated RunConfig of a YAML file or a preset's name (with its `inherit:` chain) and dotted overrides.
+
+    An existing file wins over a preset of the same name; `inherit:` values may name presets too (presets.py)."""
+    return config_from_dict(load_tree(presets.find(path), find_parent=presets.find), overrides)
 
 
 def config_from_dict(data: Mapping[str, Any], overrides: Overrides = ()) -> RunConfig:

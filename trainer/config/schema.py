@@ -14,7 +14,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import yaml
 from memlm.models.config import ConfigError
 
 Choices = Mapping[str, tuple[str, ...]]
+FindParent = Callable[[str, Path], Path]  # (an inherit: value, the naming file's folder) -> the parent's file
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,10 +241,13 @@ def _one_line(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def load_tree(path: str | Path, *, inherit_key: str = "inherit", _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping in a YAML file with its `inherit:` parents (paths relative to the file) merged underneath.
+def load_tree(path: str | Path, *, inherit_key: str = "inherit", find_parent: FindParent | None = None,
+              _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping in a YAML file with its `inherit:` parents merged underneath.
 
-    `inherit` may name one file or a list; later parents and then the file itself win.
+    `inherit` may name one file or a list; later parents and then the file itself win. A parent is a path relative
+    to the file, or whatever `find_parent(value, the file's folder)` makes of it (the run config's: a preset name
+    too); it raises a ConfigError for a parent it cannot find.
     """
     path = Path(path)
     data = read_yaml(path)
@@ -261,13 +265,23 @@ def load_tree(path: str | Path, *, inherit_key: str = "inherit", _chain: tuple[P
     chain = _chain + (path.resolve(),)
     merged: dict[str, Any] = {}
     for parent in parents:
-        parent_path = (path.parent / parent).resolve()
+        try:
+            parent_path = (find_parent or file_beside)(parent, path.parent).resolve()
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: '{inherit_key}: {parent}': {exc}") from None
         if parent_path in chain:
             raise ConfigError(f"{path}: '{inherit_key}: {parent}' makes a cycle ({' -> '.join(p.name for p in chain)})")
-        if not parent_path.is_file():
-            raise ConfigError(f"{path}: inherited file not found: {parent_path}")
-        merged = deep_merge(merged, load_tree(parent_path, inherit_key=inherit_key, _chain=chain))
+        merged = deep_merge(merged, load_tree(parent_path, inherit_key=inherit_key, find_parent=find_parent,
+                                              _chain=chain))
     return deep_merge(merged, data)
+
+
+def file_beside(name: str, folder: Path) -> Path:
+    """`inherit:`'s plain meaning: the file `name`, relative to the folder of the file that names it."""
+    path = folder / name
+    if not path.is_file():
+        raise ConfigError(f"inherited file not found: {path.resolve()}")
+    return path
 
 
 class _Dumper(yaml.SafeDumper):

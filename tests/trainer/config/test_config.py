@@ -27,8 +27,9 @@ from memlm.trainer.config.schema import build
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
-PRESETS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("sweep_"))  # sweep files: test_sweep.py
-TINY = CONFIGS / "tiny_txl.yaml"
+# Every run-config preset as a path (the sweep spaces under configs/sweeps/ are test_sweep.py's)
+PRESETS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.relative_to(CONFIGS).parts[0] != "sweeps")
+TINY = CONFIGS / "tiny" / "txl.yaml"
 
 
 def write(path: Path, text: str) -> Path:
@@ -47,15 +48,19 @@ def error_of(fn, *args) -> str:
 # --- presets ---------------------------------------------------------------------------------------------------
 
 
+def name(path: Path) -> str:
+    return path.relative_to(CONFIGS).with_suffix("").as_posix()
+
+
 def test_presets_exist():
-    names = {p.name for p in PRESETS}
+    names = {name(p) for p in PRESETS}
     for arch in ("transformer", "txl", "lamemo", "rmt"):
-        assert f"tiny_{arch}.yaml" in names
+        assert f"tiny/{arch}" in names
     for arch in ("transformer", "txl", "lamemo"):
-        assert f"wt103_base_{arch}.yaml" in names
+        assert f"paper/wt103/{arch}" in names
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+@pytest.mark.parametrize("preset", PRESETS, ids=name)
 def test_every_preset_parses_and_round_trips(preset, tmp_path):
     cfg = load_config(preset)
     assert isinstance(cfg, RunConfig)
@@ -64,7 +69,7 @@ def test_every_preset_parses_and_round_trips(preset, tmp_path):
 
 @pytest.mark.parametrize("arch,mem_len", [("transformer", 0), ("txl", 150), ("lamemo", 150)])
 def test_wt103_presets_follow_the_lamemo_paper(arch, mem_len):
-    cfg = load_config(CONFIGS / f"wt103_base_{arch}.yaml")
+    cfg = load_config(f"paper/wt103/{arch}")
     m = cfg.model
     assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner) == (arch, 16, 10, 41, 410, 2100)
     assert (m.tgt_len, m.mem_len) == (150, mem_len)
@@ -75,10 +80,11 @@ def test_wt103_presets_follow_the_lamemo_paper(arch, mem_len):
     assert cfg.data.batch_size * t.grad_accum == 64
 
 
-@pytest.mark.parametrize("name,arch,vocab", [("e8_base_txl", "txl", 256), ("e8_base_lamemo", "lamemo", 256),
-                                             ("t8_base_lamemo", "lamemo", 256)])
-def test_character_presets_follow_the_lamemo_paper(name, arch, vocab):
-    cfg = load_config(CONFIGS / f"{name}.yaml")
+@pytest.mark.parametrize("preset,arch,vocab", [("paper/enwik8/txl", "txl", 256),
+                                               ("paper/enwik8/lamemo", "lamemo", 256),
+                                               ("paper/text8/lamemo", "lamemo", 256)])
+def test_character_presets_follow_the_lamemo_paper(preset, arch, vocab):
+    cfg = load_config(preset)
     m = cfg.model
     assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner, m.vocab_size) == (arch, 12, 8, 64, 512, 2048, vocab)
     assert (m.tgt_len, m.mem_len, m.dropout, m.dropatt) == (512, 512, 0.1, 0.0)
@@ -86,24 +92,24 @@ def test_character_presets_follow_the_lamemo_paper(name, arch, vocab):
 
 
 RMT_ROWS = {  # preset -> (N, cache M, memory tokens, BPTT, aux weight, steps, the paper's test ppl), RMT Tables 2/4
-    "rmt_wt103_bptt3_mem10": (150, 0, 10, 3, 0.0, 200000, "25.04"),
-    "rmt_wt103_bptt2_mem25": (150, 0, 25, 2, 0.0, 200000, "24.85"),
-    "rmt_wt103_n50_bptt1_mem1": (50, 0, 1, 1, 0.0, 200000, "28.71"),
-    "rmt_wt103_n50_bptt3_mem10": (50, 0, 10, 3, 0.0, 200000, "26.37"),
-    "txl_rmt_wt103_mem150_tok10": (150, 150, 10, 3, 0.01, 400000, "23.99"),
-    "txl_rmt_wt103_mem75_tok5": (150, 75, 5, 3, 0.01, 200000, "24.47"),
+    "paper/wt103/rmt_bptt3_mem10": (150, 0, 10, 3, 0.0, 200000, "25.04"),
+    "paper/wt103/rmt_bptt2_mem25": (150, 0, 25, 2, 0.0, 200000, "24.85"),
+    "paper/wt103/rmt_n50_bptt1_mem1": (50, 0, 1, 1, 0.0, 200000, "28.71"),
+    "paper/wt103/rmt_n50_bptt3_mem10": (50, 0, 10, 3, 0.0, 200000, "26.37"),
+    "paper/wt103/txl_rmt_mem150_tok10": (150, 150, 10, 3, 0.01, 400000, "23.99"),
+    "paper/wt103/txl_rmt_mem75_tok5": (150, 75, 5, 3, 0.01, 200000, "24.47"),
 }
 
 
 def test_every_shipped_rmt_preset_has_its_paper_row():
-    shipped = {p.stem for p in PRESETS if load_config(p).model.arch == "rmt" and not p.stem.startswith("tiny")}
+    shipped = {name(p) for p in PRESETS if load_config(p).model.arch == "rmt" and not name(p).startswith("tiny/")}
     assert shipped == set(RMT_ROWS)
 
 
-@pytest.mark.parametrize("name", sorted(RMT_ROWS))
-def test_rmt_presets_follow_the_rmt_paper(name):
-    tgt_len, mem_len, tokens, bptt, aux, steps, ppl = RMT_ROWS[name]
-    cfg = load_config(CONFIGS / f"{name}.yaml")
+@pytest.mark.parametrize("preset", sorted(RMT_ROWS))
+def test_rmt_presets_follow_the_rmt_paper(preset):
+    tgt_len, mem_len, tokens, bptt, aux, steps, ppl = RMT_ROWS[preset]
+    cfg = load_config(preset)
     m = cfg.model
     assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner) == ("rmt", 16, 10, 41, 410, 2100)
     assert (m.tgt_len, m.mem_len, m.num_mem_tokens, m.bptt_depth, m.aux_loss_weight) == (tgt_len, mem_len, tokens, bptt, aux)
@@ -111,14 +117,14 @@ def test_rmt_presets_follow_the_rmt_paper(name):
     # per step for `steps` steps at Transformer-XL's base rate.
     assert (m.bptt_mode, m.bptt_replay_loss, m.read_mem_from_cache, m.cache_memory_rows) == ("window", False, False, True)
     assert (cfg.train.steps, cfg.data.batch_size * cfg.train.grad_accum, cfg.train.lr) == (steps, 60, 2.5e-4)
-    lines = (CONFIGS / f"{name}.yaml").read_text().splitlines()
+    lines = (CONFIGS / f"{preset}.yaml").read_text().splitlines()
     header = " ".join(line.lstrip("# ") for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("#"))])
     assert header.startswith("RMT paper, Table 2") and f"-> {ppl} " in header, header
 
 
 @pytest.mark.parametrize("arch", ["transformer", "txl", "lamemo", "rmt"])
 def test_tiny_presets_are_tiny(arch):
-    cfg = load_config(CONFIGS / f"tiny_{arch}.yaml")
+    cfg = load_config(f"tiny/{arch}")
     m = cfg.model
     assert (m.arch, m.n_layer, m.d_model, m.n_head, m.d_head, m.d_inner, m.tgt_len) == (arch, 2, 32, 2, 16, 64, 8)
     assert m.mem_len == (0 if arch in ("transformer", "rmt") else 8)
@@ -241,7 +247,7 @@ def test_overrides_parse_yaml_values():
 
 
 def test_overrides_win_over_the_preset_and_its_parents():
-    cfg = load_config(CONFIGS / "tiny_lamemo.yaml", ["model.n_layer=3"])
+    cfg = load_config("tiny/lamemo", ["model.n_layer=3"])
     assert (cfg.model.arch, cfg.model.n_layer) == ("lamemo", 3)
 
 
@@ -268,38 +274,38 @@ def test_bad_overrides_are_named(override, expected):
 
 
 @pytest.mark.parametrize("preset,override,key", [
-    ("tiny_txl", "model.num_mem_tokens=4", "model.num_mem_tokens"),
-    ("tiny_transformer", "model.mem_len=8", "model.mem_len"),
-    ("tiny_txl", "model.lookahead=false", "model.lookahead"),
-    ("tiny_rmt", "model.num_mem_tokens=0", "model.num_mem_tokens"),
-    ("tiny_txl", "data.batch_size=0", "data.batch_size"),
-    ("tiny_txl", "train.grad_accum=0", "train.grad_accum"),
-    ("tiny_txl", "train.warmup_steps=100", "train.warmup_steps"),
-    ("tiny_txl", "train.adam_betas=[0.9]", "train.adam_betas"),
-    ("tiny_txl", "deepspeed.zero_stage=4", "deepspeed.zero_stage"),
-    ("tiny_txl", "deepspeed.offload_params=true", "deepspeed.offload_params"),
-    ("tiny_txl", "deepspeed.offload_optimizer=true", "deepspeed.offload_optimizer"),
-    ("tiny_txl", "deepspeed.reduce_bucket_size=1000000", "deepspeed.reduce_bucket_size"),  # ZeRO-0: no bucket
-    ("tiny_txl", "deepspeed.reduce_bucket_size=-1", "deepspeed.reduce_bucket_size"),
-    ("tiny_txl", "deepspeed.param_persistence_threshold=0", "deepspeed.param_persistence_threshold"),  # not ZeRO-3
-    ("tiny_txl", "deepspeed.param_persistence_threshold=-5", "deepspeed.param_persistence_threshold"),
-    ("tiny_txl", "eval.mem_len=-2", "eval.mem_len"),
+    ("tiny/txl", "model.num_mem_tokens=4", "model.num_mem_tokens"),
+    ("tiny/transformer", "model.mem_len=8", "model.mem_len"),
+    ("tiny/txl", "model.lookahead=false", "model.lookahead"),
+    ("tiny/rmt", "model.num_mem_tokens=0", "model.num_mem_tokens"),
+    ("tiny/txl", "data.batch_size=0", "data.batch_size"),
+    ("tiny/txl", "train.grad_accum=0", "train.grad_accum"),
+    ("tiny/txl", "train.warmup_steps=100", "train.warmup_steps"),
+    ("tiny/txl", "train.adam_betas=[0.9]", "train.adam_betas"),
+    ("tiny/txl", "deepspeed.zero_stage=4", "deepspeed.zero_stage"),
+    ("tiny/txl", "deepspeed.offload_params=true", "deepspeed.offload_params"),
+    ("tiny/txl", "deepspeed.offload_optimizer=true", "deepspeed.offload_optimizer"),
+    ("tiny/txl", "deepspeed.reduce_bucket_size=1000000", "deepspeed.reduce_bucket_size"),  # ZeRO-0: no bucket
+    ("tiny/txl", "deepspeed.reduce_bucket_size=-1", "deepspeed.reduce_bucket_size"),
+    ("tiny/txl", "deepspeed.param_persistence_threshold=0", "deepspeed.param_persistence_threshold"),  # not ZeRO-3
+    ("tiny/txl", "deepspeed.param_persistence_threshold=-5", "deepspeed.param_persistence_threshold"),
+    ("tiny/txl", "eval.mem_len=-2", "eval.mem_len"),
 ])
 def test_impossible_settings_name_their_key(preset, override, key):
-    assert key in error_of(load_config, CONFIGS / f"{preset}.yaml", [override])
+    assert key in error_of(load_config, preset, [override])
 
 
 def test_cross_section_checks():
     both = error_of(load_config, TINY, ["eval.mem_len=16", "eval.mem_mult=2"])
     assert "eval.mem_len" in both and "eval.mem_mult" in both
-    no_memory = error_of(load_config, CONFIGS / "tiny_transformer.yaml", ["eval.mem_len=8"])
+    no_memory = error_of(load_config, "tiny/transformer", ["eval.mem_len=8"])
     assert "eval.mem_len=8" in no_memory and "transformer" in no_memory
-    lamemo = error_of(load_config, CONFIGS / "tiny_lamemo.yaml", ["eval.mem_len=0"])
+    lamemo = error_of(load_config, "tiny/lamemo", ["eval.mem_len=0"])
     assert "eval.mem_len=0" in lamemo
     for longer in ("eval.mem_len=80", "eval.mem_mult=10"):  # RMT's mem_len is the cache it was trained without
-        rmt = error_of(load_config, CONFIGS / "tiny_rmt.yaml", [longer])
+        rmt = error_of(load_config, "tiny/rmt", [longer])
         assert "without the Transformer-XL cache" in rmt and "num_mem_tokens" in rmt
-    assert load_config(CONFIGS / "tiny_rmt.yaml", ["model.mem_len=8", "eval.mem_mult=10"]).eval.mem_mult == 10
+    assert load_config("tiny/rmt", ["model.mem_len=8", "eval.mem_mult=10"]).eval.mem_mult == 10
     ok = load_config(TINY, ["deepspeed.zero_stage=3", "deepspeed.offload_params=true", "deepspeed.offload_optimizer=true"])
     assert ok.deepspeed.offload_params
 
@@ -338,7 +344,7 @@ def test_an_empty_section_keeps_defaults(tmp_path):
 
 
 def test_round_trip_keeps_overridden_values(tmp_path):
-    cfg = load_config(CONFIGS / "txl_rmt_wt103_mem75_tok5.yaml", ["train.adam_eps=1e-9", "eval.same_length=false"])
+    cfg = load_config("paper/wt103/txl_rmt_mem75_tok5", ["train.adam_eps=1e-9", "eval.same_length=false"])
     again = load_config(dump_yaml(cfg, tmp_path / "config.yaml"))
     assert again == cfg and again.train.adam_eps == 1e-9 and again.eval.same_length is False
 

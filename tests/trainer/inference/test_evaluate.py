@@ -27,7 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 # run name -> (preset, ZeRO stage)
-RUNS = {"txl": ("tiny_txl", 0), "txl_zero2": ("tiny_txl", 2), "txl_zero3": ("tiny_txl", 3), "lamemo": ("tiny_lamemo", 0), "rmt": ("tiny_rmt", 0)}
+RUNS = {"txl": ("tiny/txl", 0), "txl_zero2": ("tiny/txl", 2), "txl_zero3": ("tiny/txl", 3), "lamemo": ("tiny/lamemo", 0), "rmt": ("tiny/rmt", 0)}
 REL = 1e-6
 
 
@@ -277,7 +277,7 @@ def _make_runs(root: Path, data: Path) -> None:
     from memlm.trainer.config.run_config import dump_yaml, load_config
 
     for name, (preset, stage) in RUNS.items():
-        cfg = load_config(ROOT / "configs" / f"{preset}.yaml", {"data.path": str(data), "deepspeed.zero_stage": stage})
+        cfg = load_config(preset, {"data.path": str(data), "deepspeed.zero_stage": stage})
         torch.manual_seed(0)
         model = build_model(cfg.model)
         ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
