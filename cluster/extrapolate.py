@@ -2,7 +2,8 @@
 
 For every run folder and every m, one Ray task evaluates the split with target length N (default: the length the
 runs were trained with) and memory m x N
-(trainer.inference.evaluate.evaluate_run, one process, no process group). Results go to OUT/<run>/<split>-tgt<N>-m<m>.json
+(trainer.inference.evaluate.evaluate_run, one process, no process group). Results go to
+OUT/<run>/<split>-tgt<N>-m<m>.json
 as they arrive, then to OUT/summary.json, OUT/extrapolation.csv, the plot OUT/extrapolation.png and MLflow (one
 run per RUN_DIR, metric extrapolate_ppl at step m). A rerun reuses every result of the same checkpoint already in
 OUT, so after a crash only the missing (run, m) are evaluated.
@@ -10,13 +11,13 @@ OUT, so after a crash only the missing (run, m) are evaluated.
 Order of work, and why:
 1. flags, multipliers and every RUN_DIR are checked (config, checkpoint, corpus): a mistake costs one line, not a
    Ray start and a wall of failing tasks;
-2. the MLflow experiment is created in the driver, before anything runs in parallel (DESIGN §9);
+2. the MLflow experiment is created in the driver, before anything runs in parallel (docs/design.md §9);
 3. Ray: one task per (run, m), `num_cpus=--cpus-per-task`, so Ray runs as many at once as the cluster has CPUs;
    a task whose worker dies (killed, out of memory) or that raises a transient error is retried --max-retries
    times; a user error (ConfigError/DataError, both ValueError) is not retried: it would fail the same way again;
 4. a task that still fails is reported by (run, m) and reason; the other results are kept and written, and the
    command exits 1.
-Only this package imports ray, and only inside functions (DESIGN §1).
+Only this package imports ray, and only inside functions (docs/design.md §1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MLflow side of `memlm extrapolate`: one MLflow run per RUN_DIR, logged from the driver only.
 
 Why the driver: Ray tasks writing to one SQLite store at once contend for its lock, and a first-time creation of
-the store from two processes fails (DESIGN §9). The experiment is created before any task starts; each run's
+the store from two processes fails (docs/design.md §9). The experiment is created before any task starts; each run's
 metrics, params and tags go in one log_batch (a SQLite write costs ~10-15 ms per call).
 
 Each invocation makes new MLflow runs holding every result it knows (fresh or reused from disk), so the latest
@@ -10,7 +10,6 @@ extrapolation run of a model is always complete; an earlier, interrupted invocat
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 

@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .extrapolate_plan import RunSpec
 from memlm.trainer.tracking.plots import plot_ppl_against_m
+
+from .extrapolate_plan import RunSpec
 
 SUMMARY = "summary.json"
 CSV = "extrapolation.csv"

@@ -16,7 +16,6 @@ from typing import Any
 from .ray_runtime import clear_launch_env
 
 
-
 def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: int | None, json_path: str | None,
                   threads: float) -> dict[str, Any]:
     """evaluate_run(run_dir, split, tgt_len, mem_len) as a single process with `threads` torch threads.

@@ -4,9 +4,10 @@
     with ray_session(address=None, num_cpus=2):   # local Ray on 127.0.0.1; address="auto" / "ray://..." joins one
         ...                                        # ray.remote tasks, tune.Tuner, ...
 
-Only `cluster` imports ray (DESIGN §1), and only inside functions, so `memlm --help` and training never need it.
+Only `cluster` imports ray (docs/design.md §1), and only inside functions, so `memlm --help` and training never need it.
 
-Why each setting (DESIGN §9): every server a Ray node runs (GCS, raylet and object manager, each worker's and the
+Why each setting (docs/design.md §9): every server a Ray node runs (GCS, raylet and object manager, each worker's and
+the
 driver's gRPC server, the dashboard and runtime-env agents, the metrics exporters) binds to 127.0.0.1 only when
 the node's IP is a loopback address, and to every interface otherwise. `ray.init(_node_ip_address="127.0.0.1")`
 alone does not give that on Linux: Ray replaces a loopback node IP by the address it discovers with a UDP connect

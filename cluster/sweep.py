@@ -21,9 +21,9 @@ Order of work, and why:
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -33,8 +33,8 @@ from memlm.trainer.config import presets
 
 from .errors import ClusterError
 from .sweep_config import Sweep, load_sweep
-from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn
 from .sweep_tracking import ParentRun, markdown_table, trials_csv
+from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn
 
 TUNE_DIR = "tune"  # Tune's experiment folder inside SWEEP_DIR
 SIGNATURE_FILE = "sweep.json"
@@ -117,8 +117,9 @@ def _refuse_unless_trials_fit(sweep: Sweep, available: dict[str, float], where: 
             fix += f" (or --num-cpus {math.ceil(asked['CPU'])}: Ray then shares the cores)"
         fixes.append(fix)
     workers = f" x {r.workers} workers" if r.workers > 1 else ""
-    raise ClusterError(f"{sweep.path.name}: each trial asks for {amount(asked, nonzero=True)} (resources: cpus {r.cpus:g}, "
-                       f"gpus {r.gpus:g}{workers}) but {where} {amount(available)}, so no trial could ever start; "
+    raise ClusterError(f"{sweep.path.name}: each trial asks for {amount(asked, nonzero=True)} "
+                       f"(resources: cpus {r.cpus:g}, gpus {r.gpus:g}{workers}) but {where} {amount(available)}, "
+                       "so no trial could ever start; "
                        f"add {' and '.join(fixes)} to the command line")
 
 

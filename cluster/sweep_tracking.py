@@ -3,7 +3,7 @@ given the outcome at the end (sweep file and trials table as artifacts, the best
 
 The trials' own runs are made by the trainer's Tracker, nested under this one through tracking.parent_run_id
 (tag mlflow.parentRunId). The driver creates the experiment first because several trials creating a fresh SQLite
-store at the same moment fail (DESIGN §9).
+store at the same moment fail (docs/design.md §9).
 """
 
 from __future__ import annotations

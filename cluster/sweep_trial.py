@@ -6,7 +6,7 @@ trial's own run folder SWEEP_DIR/trials/<trial id> holds its DeepSpeed checkpoin
 the last one instead of step 0. We never hand checkpoints to Tune: the run folder is the state (on a cluster of
 several nodes, SWEEP_DIR must be on storage every node sees, as Tune's storage_path must be).
 
-Why not ray.train.report: inside a Tune function trial it fails the trial (DESIGN §9), and with several Train
+Why not ray.train.report: inside a Tune function trial it fails the trial (docs/design.md §9), and with several Train
 workers it is a barrier every rank must reach the same number of times, while the trainer reports on rank 0
 only. Rank 0 therefore sends its rows through a Ray queue to the trial process, which calls ray.tune.report.
 """
@@ -176,8 +176,8 @@ def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporte
 def _worker_loop(loop_config: dict) -> None:
     """Runs on every Ray Train worker: the ordinary training run at this worker's rank."""
     from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.runtime.process import prepare_process
     from memlm.trainer.loop.train import run
+    from memlm.trainer.runtime.process import prepare_process
 
     prepare_process(cpus=loop_config["cpus"], who="trial worker")  # the CPUs Ray Train reserved for this rank
     queue = loop_config["queue"]

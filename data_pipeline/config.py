@@ -1,6 +1,6 @@
 """Data section of the run configuration: where the prepared shards are and how lanes read them.
 
-Standard library only: data_pipeline must not import models, trainer or cluster (DESIGN §1), so an impossible
+Standard library only: data_pipeline must not import models, trainer or cluster (docs/design.md §1), so an impossible
 value raises a plain ValueError whose message starts with the dotted key; the trainer's config loader turns it
 into its ConfigError.
 """

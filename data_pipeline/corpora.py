@@ -1,6 +1,6 @@
 """Corpus readers: a corpus folder or file -> a stream of `Document`s for one split.
 
-A Document is the unit that memory never crosses (DESIGN §2). Readers stream: they hold one document
+A Document is the unit that memory never crosses (docs/design.md §2). Readers stream: they hold one document
 (one WikiText article, one text file, one JSON record, one enwik8 page or one byte-corpus split) at a time.
 
 Kinds and what one document is:

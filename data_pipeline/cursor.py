@@ -1,6 +1,6 @@
 """The stream cursor: a small JSON-serialisable dict that reproduces the next batch exactly.
 
-webdataset has no resumable state, so the stream owns its position (DESIGN §2). A cursor only makes sense for
+webdataset has no resumable state, so the stream owns its position (docs/design.md §2). A cursor only makes sense for
 the stream layout it was taken from: a different world size, rank, lane count, segment length (or data) would
 silently read other documents, so such a cursor is refused with a ValueError naming every difference.
 """

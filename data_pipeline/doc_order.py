@@ -4,7 +4,7 @@ Pure index arithmetic over the manifest's shard list (each shard covers the cont
 [first_index, first_index + documents)), so a cursor can jump to any position without reading a byte of data.
 
 Readers: R = world_size x num_workers; reader q = rank x num_workers + worker (train), or rank + world_size x
-worker (eval, so that document i belongs to rank i % world_size as DESIGN §2 asks).
+worker (eval, so that document i belongs to rank i % world_size as docs/design.md §2 asks).
 
 Regimes:
 - "shards": at least as many shards as readers. Each epoch the shard list is permuted from (seed, epoch) and

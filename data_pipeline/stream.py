@@ -1,4 +1,5 @@
-"""LaneStream: prepared shards -> batches of B lanes x N-token segments with per-lane document resets (DESIGN §2).
+"""LaneStream: prepared shards -> batches of B lanes x N-token segments with per-lane document resets (docs/design.md
+§2).
 
     stream = LaneStream(data_dir, "train", rank=r, world_size=w, lanes=B, seg_len=N, seed=s)
     for batch in stream:   # Batch(tokens [B,N] long, targets [B,N] long (-100 = ignore), reset [B], lane_active [B])

@@ -1,4 +1,4 @@
-"""The `memlm` command line: parse, then dispatch (DESIGN §8).
+"""The `memlm` command line: parse, then dispatch (docs/design.md §8).
 
 Kept thin on purpose: each command imports its heavy modules (torch, deepspeed, ray, mlflow) inside its own
 function, so `memlm --help` is instant and training never imports Ray. A user mistake (a bad config key or
@@ -131,7 +131,8 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("config", help="print the resolved config (presets, inherit: and overrides) as YAML, "
                             "or list the presets (--list)")
     p.add_argument("config", nargs="?", metavar="CONFIG", help=CONFIG_HELP)
-    p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. model.mem_len=16 model.cutoffs=[20,40]")
+    p.add_argument("overrides", nargs="*", metavar="dotted.key=value",
+                   help="e.g. model.mem_len=16 model.cutoffs=[20,40]")
     p.add_argument("--list", action="store_true", help="print every preset's name and first comment line")
     p.set_defaults(run=_run_config)
 
@@ -210,12 +211,14 @@ def _run_prepare(args: argparse.Namespace) -> int:
     tok = manifest["tokenizer"]
     print(f"{args.out}: tokenizer {tok['kind']} (vocab {tok['vocab_size']})")
     for split, entry in manifest["splits"].items():
-        print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, {len(entry['shards'])} shard(s)")
+        print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
+              f"{len(entry['shards'])} shard(s)")
     return 0
 
 
 def _add_train(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("train", help="train a model with DeepSpeed (plain process, torchrun or deepspeed launcher)")
+    p = commands.add_parser("train",
+                            help="train a model with DeepSpeed (plain process, torchrun or deepspeed launcher)")
     p.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="e.g. train.steps=100 data.path=DATA_DIR")
     p.add_argument("--out", metavar="RUN_DIR", help="run folder (default runs/ARCH)")

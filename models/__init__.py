@@ -1,4 +1,4 @@
-"""memlm models: Transformer+RPE, Transformer-XL, LaMemo and RMT behind one contract (DESIGN §3).
+"""memlm models: Transformer+RPE, Transformer-XL, LaMemo and RMT behind one contract (docs/design.md §3).
 
     model = build_model(ModelConfig(arch="lamemo", ...))
     memory = model.init_memory(batch_size=B)

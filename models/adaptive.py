@@ -146,7 +146,8 @@ class AdaptiveLogSoftmax(nn.Module):
             logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
         return F.log_softmax(logits.float(), dim=-1)
 
-    def forward(self, hidden: Tensor, targets: Tensor | None, want_logprobs: bool) -> tuple[Tensor | None, Tensor | None]:
+    def forward(self, hidden: Tensor, targets: Tensor | None,
+                want_logprobs: bool) -> tuple[Tensor | None, Tensor | None]:
         B, N, D = hidden.shape
         flat = hidden.reshape(B * N, D)
         head_input = self._project_in(flat, 0)

@@ -1,12 +1,15 @@
 """Relative-position attention shared by every architecture.
 
-Shape legend: B lanes, Q queries, K keys, P relative distances, H heads, E head width, D model width.
+Shape legend: B lanes, Q queries, K keys, T positions a layer projects (its memory rows and the segment: T = K for
+causal attention), P relative distances, H heads, E head width, D model width.
 
-Scores follow Transformer-XL (Dai et al., eq. in the explainer):
+Scores follow Transformer-XL (Dai et al. 2019, Sec. 3.3, the "relative positional encodings" score decomposed into
+terms (a)-(d)):
     score(i, j) = (q_i + u) . k_j  +  (q_i + v) . W_R R(dist(i, j))
 The position term is computed once per distinct distance ([B, H, Q, P]) and then gathered into [B, H, Q, K]
-with an index built by the caller (or, on request, per (query, key) from the gathered encodings), so the same routine serves causal attention (dist = i - j), LaMemo's
-look-ahead (dist = j - i, or i - j for the unstable "xl" variant) and RMT's two-way blocks (signed dist).
+with an index built by the caller (or, on request, per (query, key) from the gathered encodings), so the same
+routine serves causal attention (dist = i - j), LaMemo's look-ahead (dist = j - i, or i - j for the unstable "xl"
+variant) and RMT's two-way blocks (signed dist).
 """
 
 from __future__ import annotations

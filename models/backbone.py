@@ -76,11 +76,9 @@ class Backbone(nn.Module):
         """tokens [B, N] -> dropped-out embeddings [B, N, D]."""
         return self.drop(self.embed(tokens))
 
-    def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool) -> tuple[Tensor | None, Tensor | None]:
+    def predict(self, hidden: Tensor, targets: Tensor | None,
+                return_logits: bool) -> tuple[Tensor | None, Tensor | None]:
         """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None)."""
         if targets is None and not return_logits:  # e.g. RMT's replayed segments, which only carry memory
             return None, None
         return self.head(self.drop(self.final_norm(hidden)), targets, return_logits)
-
-    def param_count(self) -> int:
-        return sum(p.numel() for p in self.parameters())

@@ -2,7 +2,7 @@
 
 Memory length (`mem_len`), target length (`tgt_len`), `clamp_len` and `same_length` are run-time settings:
 no parameter or saved buffer depends on them, so a checkpoint trained with one memory length loads into a
-model built with another (DESIGN §3).
+model built with another (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class ModelConfig:
                 f"model.cutoffs must be strictly increasing values in [1, vocab_size={self.vocab_size}), got {cuts}"
             )
         if self.div_val > 1 and not cuts:
-            raise ConfigError("model.div_val > 1 needs model.cutoffs (adaptive input/softmax); set cutoffs or div_val: 1")
+            raise ConfigError("model.div_val > 1 needs model.cutoffs (adaptive input/softmax); "
+                              "set cutoffs or div_val: 1")
         if self.div_val > 1 and self.embed_dim // self.div_val ** len(cuts) < 1:
             raise ConfigError(
                 f"model.div_val={self.div_val} shrinks the last cluster's embedding below width 1; lower div_val"
@@ -123,7 +124,8 @@ class ModelConfig:
             if self.aux_loss_weight < 0:
                 raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
             if not 0 <= self.aux_token_id < self.vocab_size:
-                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), got {self.aux_token_id}")
+                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), "
+                                  f"got {self.aux_token_id}")
             if self.bptt_mode not in BPTT_MODES:
                 raise ConfigError(f"model.bptt_mode: unknown value {self.bptt_mode!r}; valid: {', '.join(BPTT_MODES)} "
                                   "(window replays the last bptt_depth segments as the RMT paper trains; chunk is "

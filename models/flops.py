@@ -21,7 +21,8 @@ What `flops_per_token` counts
 * The adaptive softmax projects the head input once per token and, with div_val == 1 (one shared table), reuses
   that projection for the tail clusters.
 * LaMemo adds, per layer: q for the M memory positions, the look-ahead attention (M queries over W keys; the
-  position term per (query, window key), i.e. M x W, though the distances span 1..M), and — on every layer except the last — the
+  position term per (query, window key), i.e. M x W, though the distances span 1..M), and — on every layer except the
+  last — the
   output projection and FFN for the M memory positions (memory hidden states at layers >= 1 are recomputed
   every segment from the layer-0 memory; at the last layer only the cached context is updated).
 * RMT: the segment is [read R | N tokens | write R], so every per-position cost runs over N + 2R positions and

@@ -1,4 +1,4 @@
-"""LaMemo: look-ahead memory (Ji et al., NAACL 2022), DESIGN §3.
+"""LaMemo: look-ahead memory (Ji et al., NAACL 2022), docs/design.md §3.
 
 Shape legend: B lanes, N segment length, M memory length, K = M + N keys, W = min(M, N) look-ahead window,
 L layers, D model width, H heads, E head width.
@@ -64,7 +64,8 @@ class LaMemo(Backbone):
             # bias_v (from Backbone) serves as v+, for keys to the left; v- is for look-ahead keys.
             self.learned.add("bias_v_ahead", self.bias_shape, cfg.init_std)
 
-    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LaMemoMemory:
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> LaMemoMemory:
         cfg = self.cfg
         B, M, L = batch_size, cfg.mem_len, cfg.n_layer
         return LaMemoMemory(
@@ -100,9 +101,11 @@ class LaMemo(Backbone):
         # Look-ahead distances 1..M. The authors draw a dropout mask for these encodings of their own; without
         # dropout (or in eval) they equal rows 1..M of r_cur, so the disentangled path reuses those projections.
         if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
-            r_ahead = self.drop(relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
+            r_ahead = self.drop(relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model,
+                                                   cfg.clamp_len, dtype))
         elif self.training and cfg.dropout > 0:
-            r_ahead = self.drop(relative_encodings(torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype))
+            r_ahead = self.drop(relative_encodings(torch.arange(1, M + 1, device=device), cfg.d_model,
+                                                   cfg.clamp_len, dtype))
         else:
             r_ahead = None
 

@@ -35,5 +35,6 @@ def map_memory(fn: Callable[[Tensor], Tensor], memory: Any) -> Any:
     if isinstance(memory, list):
         return [map_memory(fn, m) for m in memory]
     if dataclasses.is_dataclass(memory):
-        return dataclasses.replace(memory, **{f.name: map_memory(fn, getattr(memory, f.name)) for f in dataclasses.fields(memory)})
+        return dataclasses.replace(memory, **{f.name: map_memory(fn, getattr(memory, f.name))
+                                              for f in dataclasses.fields(memory)})
     return memory

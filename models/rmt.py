@@ -124,7 +124,8 @@ class RecurrentMemoryTransformer(Backbone):
         super().__init__(cfg)
         self.learned.add("memory_init", (cfg.num_mem_tokens, cfg.d_model), cfg.init_std)
 
-    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> RMTMemory:
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> RMTMemory:
         # Every lane is fresh: forward substitutes memory_init there. The parameter is not touched here, so
         # this works outside forward (e.g. with ZeRO-3 partitioned parameters); the zeros are never read.
         cfg = self.cfg

@@ -47,7 +47,8 @@ def roll_valid(valid: Tensor, n_new: int, mem_len: int) -> Tensor:
 
 
 class TransformerXL(Backbone):
-    def init_memory(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> TXLMemory:
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> TXLMemory:
         M, D = self.cfg.mem_len, self.cfg.d_model
         return TXLMemory(
             hidden=[torch.zeros(batch_size, M, D, device=device, dtype=dtype) for _ in range(self.cfg.n_layer)],
@@ -70,7 +71,8 @@ class TransformerXL(Backbone):
 
         allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
         pos_index = causal_index(N, M, tokens.device)  # [N, K]
-        r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len, h.dtype))
+        r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
+                                         h.dtype))
 
         learned = self.learned.fetch()
         new_hidden = []

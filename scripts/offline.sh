@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a command with no network except loopback (DESIGN §9), so nothing can quietly reach outside.
+# Runs a command with no network except loopback (docs/design.md §9), so nothing can quietly reach outside.
 # Root uses a plain network namespace; others try an unprivileged user namespace; if neither is allowed the
 # command runs as is, with a warning.
 set -euo pipefail

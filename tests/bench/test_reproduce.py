@@ -135,7 +135,8 @@ def test_wikitext2_and_extrapolation_smoke(tmp_path):
     # Ctrl-C once a run is finished, the next one is training and a progress line is out (one job at a time: the
     # rerun below then has the two others to do side by side, what the whole experiment costs without the stop).
     stop = _stop(tmp_path, "wikitext2.py", (*command, "--jobs", "1"), signal.SIGINT, terminal=True,
-                 ready=lambda kids, out: bool(_finished(work)) and _running(kids, "memlm train") and "] running " in out)
+                 ready=lambda kids, out: (bool(_finished(work)) and _running(kids, "memlm train")
+                                          and "] running " in out))
     finished = _finished(work)
     assert stop.status == 130
     assert re.fullmatch(r"wikitext2: stopped by Ctrl-C: ended txl-s1 \(train (for \d+:\d\d|step \d/3)\); 1 of 3 runs "

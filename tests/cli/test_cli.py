@@ -107,7 +107,7 @@ def test_no_command_is_a_usage_error():
 
 def test_the_command_line_does_not_import_heavy_packages():
     # Building the whole parser (every command, the cluster ones included) must not load torch, DeepSpeed, Ray or
-    # MLflow: `memlm --help` stays instant and training never needs Ray (DESIGN §1).
+    # MLflow: `memlm --help` stays instant and training never needs Ray (docs/design.md §1).
     code = ("import sys, memlm.cli; memlm.cli.build_parser(); "
             "heavy = [m for m in ('torch', 'deepspeed', 'ray', 'mlflow') if m in sys.modules]; "
             "assert not heavy, heavy")

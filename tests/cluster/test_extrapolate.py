@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from support.training import REPO, make_data, train_in_process
+from support.training import make_data, train_in_process
 
 MULTS = (1, 2, 3)
 N = 8

@@ -1,6 +1,6 @@
 """`memlm sweep`: real Ray Tune trials running the real trainer, real MLflow on SQLite in tmp_path.
 
-Cost: each Tune trial process takes 10-15 s to start here (DESIGN §9), so the sweeps are tiny (10 steps, 2
+Cost: each Tune trial process takes 10-15 s to start here (docs/design.md §9), so the sweeps are tiny (10 steps, 2
 trials at a time) and the crash test shares the 4-trial grid sweep: one trial is SIGKILLed for real after its
 first checkpoint and must be retried from that checkpoint while the sweep goes on. The in-process sweeps use the
 session's local Ray (`local_ray`, xdist group "ray"); the resume test runs `memlm sweep` as a subprocess with its
@@ -25,7 +25,6 @@ import pytest
 
 from memlm.cluster.sweep_config import load_sweep
 from memlm.trainer.config.run_config import ConfigError
-
 from support.ray_listeners import ListenerWatch, address_namespace
 from support.training import REPO, child_env, make_data
 
@@ -432,13 +431,13 @@ def own_valid_ppl(sweep_dir: Path, trial_id: str) -> float:
 
 # A strong trial first, then a hopeless one (lr 1e-5 barely moves): ASHA (rungs at steps 2 and 4 of 6) must stop
 # the second at its first rung. One at a time, so the strong trial's results are in each rung first.
-ASHA_SWEEP = f"""\
+ASHA_SWEEP = """\
 name: asha
 base: tiny/lamemo
-overrides: {{train.steps: 6, train.eval_every: 2, train.save_every: 2, train.eval_batches: 2, train.warmup_steps: 0}}
+overrides: {train.steps: 6, train.eval_every: 2, train.save_every: 2, train.eval_batches: 2, train.warmup_steps: 0}
 space:
-  train.lr: {{grid: [3.0e-2, 1.0e-5]}}
-scheduler: {{type: asha, grace_period: 2, reduction_factor: 2}}
+  train.lr: {grid: [3.0e-2, 1.0e-5]}
+scheduler: {type: asha, grace_period: 2, reduction_factor: 2}
 max_concurrent: 1
 """
 
@@ -484,7 +483,7 @@ def test_trial_with_two_deepspeed_workers(tmp_path, data, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep_file = tmp_path / "workers.yaml"
     sweep_file.write_text(
-        f"base: tiny/lamemo\n"
+        "base: tiny/lamemo\n"
         "overrides: {train.steps: 4, train.eval_every: 2, train.save_every: 2, train.eval_batches: 2, "
         "train.warmup_steps: 0, deepspeed.zero_stage: 2}\n"
         "space:\n  train.lr: {grid: [1.0e-3]}\n"
@@ -592,7 +591,7 @@ def test_search_space_kinds_and_asha(tmp_path):
     from memlm.cluster.sweep import _param_space, _scheduler
 
     path = tmp_path / "s.yaml"
-    path.write_text(f"base: tiny/lamemo\n"
+    path.write_text("base: tiny/lamemo\n"
                     "space:\n  train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n  train.clip: {uniform: [0.1, 1.0]}\n"
                     "  model.mem_len: {randint: [4, 17]}\n  train.schedule: {choice: [linear, cosine]}\n"
                     "scheduler: {type: asha, grace_period: 5}\n")
@@ -603,7 +602,7 @@ def test_search_space_kinds_and_asha(tmp_path):
     assert isinstance(asha, ASHAScheduler) and asha._time_attr == "step" and asha._max_t == 20  # tiny: 20 steps
     # randint's upper bound is excluded: the checked extreme is 16; an int key refuses a float range
     assert [d.candidates() for d in sweep.space if d.key == "model.mem_len"] == [[4, 16]]
-    path.write_text(f"base: tiny/lamemo\nspace:\n  model.mem_len: {{uniform: [4, 16]}}\n")
+    path.write_text("base: tiny/lamemo\nspace:\n  model.mem_len: {uniform: [4, 16]}\n")
     with pytest.raises(ConfigError, match="space.model.mem_len.uniform"):
         load_sweep(path)
 
@@ -624,5 +623,6 @@ def test_a_failed_trials_reason_is_read_from_tunes_text_error_file(tmp_path):
     assert _reason(SimpleNamespace(error_file=str(error))) == " (DataError: evaluating split 'valid': no tokens)"
     error.write_text("Failure # 1 (occurred at 2026-11-25_16-38-37)\nThe actor died unexpectedly before finishing "
                      "this task.\n\tpid: 15163\n")
-    assert _reason(SimpleNamespace(error_file=str(error))) == " (The actor died unexpectedly before finishing this task.)"
+    expected = " (The actor died unexpectedly before finishing this task.)"
+    assert _reason(SimpleNamespace(error_file=str(error))) == expected
     assert _reason(SimpleNamespace(error_file=str(tmp_path / "absent.txt"))) == ""

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memlm.data_pipeline.format import DataError
 from memlm.cli import main
+from memlm.data_pipeline.format import DataError
 from memlm.models.config import ConfigError
 from support.training import make_data, preset
 

@@ -92,7 +92,8 @@ def _ref_logprobs(head, h, cutoffs, div_val):
     shortlist = clusters[0][1]
     level1 = [token_logit(w) for w in range(shortlist)]
     x0 = proj_in(0)
-    level1 += [float(head.cluster_weight[c].double() @ x0 + head.cluster_bias[c].double()) for c in range(len(clusters) - 1)]
+    level1 += [float(head.cluster_weight[c].double() @ x0 + head.cluster_bias[c].double())
+               for c in range(len(clusters) - 1)]
     lse1 = math.log(sum(math.exp(s) for s in level1))
     out = [s - lse1 for s in level1[:shortlist]]
     for c, (lo, hi) in enumerate(clusters[1:]):
@@ -121,7 +122,8 @@ def test_embedding_equals_lookup_projection_scale(cutoffs, div_val, d_embed, d_p
     tokens[0, :] = torch.tensor([0, 9, 10, 29, 30, 59, 31])  # both sides of every cluster edge
     got = emb(tokens)
     assert got.shape == (3, 7, d_proj)
-    want = torch.stack([torch.stack([ref_embedding(emb, int(t), cutoffs, div_val, d_proj) for t in row]) for row in tokens])
+    want = torch.stack([torch.stack([ref_embedding(emb, int(t), cutoffs, div_val, d_proj) for t in row])
+                        for row in tokens])
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -136,10 +138,12 @@ def test_logprobs_equal_explicit_two_level_softmax(cutoffs, div_val, d_embed, d_
         nll, logprobs = head(hidden, targets, want_logprobs=True)
     assert logprobs.shape == (2, 5, V) and nll.shape == (2, 5)
 
-    want = torch.stack([torch.stack([ref_logprobs(head, hidden[b, n], cutoffs, div_val) for n in range(5)]) for b in range(2)])
+    want = torch.stack([torch.stack([ref_logprobs(head, hidden[b, n], cutoffs, div_val) for n in range(5)])
+                        for b in range(2)])
     torch.testing.assert_close(logprobs.double(), want, rtol=1e-5, atol=1e-5)
     # A proper distribution over the whole vocabulary.
-    torch.testing.assert_close(logprobs.double().exp().sum(-1), torch.ones(2, 5, dtype=torch.float64), rtol=0, atol=1e-5)
+    torch.testing.assert_close(logprobs.double().exp().sum(-1), torch.ones(2, 5, dtype=torch.float64),
+                               rtol=0, atol=1e-5)
     # nll = -log p(target), and exactly 0 where the target is ignored.
     for b in range(2):
         for n in range(5):
@@ -166,7 +170,8 @@ def test_fast_target_only_nll_equals_full_path(cutoffs, div_val, d_embed, d_proj
         nll, logprobs = head(h, targets, want_logprobs=want_logprobs)
         assert (logprobs is None) == (not want_logprobs)
         (nll * torch.linspace(0.5, 1.5, nll.numel()).view_as(nll)).sum().backward()
-        grads.append((nll.detach(), h.grad, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}))
+        grads.append((nll.detach(), h.grad,
+                      {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}))
     (full, gh_full, gp_full), (fast, gh_fast, gp_fast) = grads
     torch.testing.assert_close(fast, full, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(gh_fast, gh_full, rtol=1e-5, atol=1e-6)
@@ -220,7 +225,8 @@ def test_tying_shares_storage_and_gradients(cutoffs, div_val, d_embed, d_proj):
     fixed_hidden = torch.randn(1, 5, d_proj)
     g_emb = grads(lambda: (emb(tokens) * fixed_hidden).sum())
     g_head = grads(lambda: head(fixed_hidden, targets, want_logprobs=False)[0].sum())
-    g_both = grads(lambda: (emb(tokens) * fixed_hidden).sum() + head(fixed_hidden, targets, want_logprobs=False)[0].sum())
+    g_both = grads(lambda: ((emb(tokens) * fixed_hidden).sum()
+                            + head(fixed_hidden, targets, want_logprobs=False)[0].sum()))
     assert any(g.abs().sum() > 0 for g in g_emb) and any(g.abs().sum() > 0 for g in g_head)
     for a, b, both in zip(g_emb, g_head, g_both):
         torch.testing.assert_close(both, a + b)
@@ -236,7 +242,8 @@ def test_build_model_ties_or_not(cutoffs, div_val):
         assert w.data_ptr() == t.weight.data_ptr()
     for t, w in zip(untied.embed.tables, untied.head.weights):
         assert w.data_ptr() != t.weight.data_ptr()
-    shared = sum(t.weight.numel() for t in tied.embed.tables) + sum(p.numel() for p in tied.embed.projs if p is not None)
+    shared = (sum(t.weight.numel() for t in tied.embed.tables)
+              + sum(p.numel() for p in tied.embed.projs if p is not None))
     assert shared > 0
     assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in tied.parameters()) == shared
 

@@ -1,10 +1,13 @@
-"""The model contract every architecture keeps (DESIGN §3): no leakage of future tokens, document isolation
+"""The model contract every architecture keeps (docs/design.md §3): no leakage of future tokens, document isolation
 under `reset`, memory length as configuration only, logits consistent with nll, detached caches."""
+
+import functools
 
 import pytest
 import torch
 
-from memlm.models import ModelConfig, build_model, map_memory
+from memlm.models import build_model, map_memory
+from support.models import tiny_model_config
 
 VARIANTS = {
     "transformer": dict(arch="transformer", mem_len=0),
@@ -22,11 +25,7 @@ VARIANTS = {
 }
 
 
-def tiny(**kw):
-    base = dict(n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=40, tgt_len=4, mem_len=6)
-    base.update(kw)
-    return ModelConfig(**base)
-
+tiny = functools.partial(tiny_model_config, vocab_size=40, tgt_len=4, mem_len=6)
 
 def run(model, tokens, resets=None):
     """tokens [B, S*N] processed N at a time; resets: {segment index: [B] bool}. Returns log-probs [B, S*N, V]."""
@@ -95,7 +94,8 @@ def test_nll_is_cross_entropy_of_logits_and_ignores_padding(variant):
     targets = torch.randint(0, 40, (3, 4))
     targets[1, 2:] = -100
     out = model(tokens, model.init_memory(3), targets=targets, return_logits=True)
-    want = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 40), targets.reshape(-1), reduction="none", ignore_index=-100)
+    want = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 40), targets.reshape(-1), reduction="none",
+                                             ignore_index=-100)
     torch.testing.assert_close(out.nll.reshape(-1), want, rtol=1e-5, atol=1e-5)
     assert (out.nll[1, 2:] == 0).all()
     plain = model(tokens, model.init_memory(3), targets=targets)  # the training path, without logits

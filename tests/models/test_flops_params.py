@@ -18,6 +18,7 @@ from memlm.models.flops import (
     param_count,
     zipf_cluster_fractions,
 )
+from support.models import tiny_model_config
 
 ARCH_MODULE = {"transformer": "txl", "txl": "txl", "lamemo": "lamemo", "rmt": "rmt"}
 
@@ -31,13 +32,10 @@ def need(arch):
 
 
 def tiny(arch, **kw):
-    base = dict(arch=arch, n_layer=2, n_head=2, d_model=24, d_head=8, d_inner=40, vocab_size=50, tgt_len=6,
-                mem_len=0 if arch == "transformer" else 5)
+    base = dict(arch=arch, d_model=24, d_head=8, d_inner=40, tgt_len=6, mem_len=0 if arch == "transformer" else 5)
     if arch == "rmt":
         base["num_mem_tokens"] = 2
-    base.update(kw)
-    return ModelConfig(**base)
-
+    return tiny_model_config(**{**base, **kw})
 
 VARIANTS = {
     "plain": {},

@@ -2,22 +2,19 @@
 documents start at different segments; the single-layer union-softmax property; the look-ahead encodings'
 own dropout draw."""
 
+import functools
 
 import pytest
 import torch
 
-from memlm.models import ModelConfig, build_model
+from memlm.models import build_model
+from support.models import tiny_model_config
 from support.reference import Weights, lamemo_reference, lane_doc_starts, sinusoid_vec
 
 N = 8
 
 
-def tiny(**kw):
-    base = dict(arch="lamemo", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=N,
-                mem_len=8)
-    base.update(kw)
-    return ModelConfig(**base)
-
+tiny = functools.partial(tiny_model_config, arch="lamemo", tgt_len=N)
 
 def perturbed(model):
     """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""
@@ -92,7 +89,7 @@ def test_lamemo_matches_absolute_position_reference(options):
 
 
 def test_single_layer_interpolation_is_one_softmax_over_past_and_lookahead_keys():
-    """DESIGN §3 / paper Appendix A. One layer, M > N so a position stays in memory for several segments: its
+    """docs/design.md §3 / paper Appendix A. One layer, M > N so a position stays in memory for several segments: its
     cached context must equal a single softmax over its causal keys and every look-ahead key so far (the windows
     tile without gaps or overlap), and its log-normaliser the logsumexp over that union. Since C' = alpha C +
     (1 - alpha) A mixes two softmaxes over disjoint key sets, this holds only when alpha is the union's mass on

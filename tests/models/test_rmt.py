@@ -5,22 +5,18 @@ start at different segments, memory rows dropped like tokens, no leakage, docume
 gradients, mem_len-independent parameters and the auxiliary memory loss."""
 
 import dataclasses
+import functools
 import io
 
 import pytest
 import torch
 
-from memlm.models import ModelConfig, build_model, map_memory
+from memlm.models import build_model, map_memory
 from memlm.models.rmt import RMTMemory, rmt_allowed, rmt_positions
+from support.models import tiny_model_config
 from support.reference import Weights, lane_doc_starts, rmt_reference
 
-
-def tiny(**kw):
-    base = dict(arch="rmt", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=8,
-                mem_len=0, num_mem_tokens=2)
-    base.update(kw)
-    return ModelConfig(**base)
-
+tiny = functools.partial(tiny_model_config, arch="rmt", mem_len=0, num_mem_tokens=2)
 
 def run(model, tokens, targets, seg_lens, resets=None, memory=None):
     """ModelOutputs of consecutive segments of tokens/targets [B, T], the memory carried along."""

@@ -1,18 +1,16 @@
 """Transformer-XL and the Transformer+RPE baseline against the slow absolute-position reference in
 tests/support/reference.py, with several lanes whose documents start at different segments."""
 
+import functools
+
 import pytest
 import torch
 
-from memlm.models import ModelConfig, build_model
+from memlm.models import build_model
+from support.models import tiny_model_config
 from support.reference import lane_doc_starts, txl_reference
 
-
-def tiny(**kw):
-    base = dict(arch="txl", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=8, mem_len=8)
-    base.update(kw)
-    return ModelConfig(**base)
-
+tiny = functools.partial(tiny_model_config, arch="txl")
 
 def perturbed(model):
     """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""

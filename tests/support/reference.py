@@ -19,7 +19,7 @@ Sources (paths under ../shared/papers/):
         sin/cos, the authors' code, followed here, puts all sines first: a fixed permutation W_R absorbs).
   [LM]  lamemo-look-ahead-memory.txt, cited by line and equation below.
   [RMT] recurrent-memory-transformer.txt, cited by line below; lines 159-171 for its Tr-XL cache (eq. 1).
-Where a paper is silent the rule comes from DESIGN §3 or the authors' code, and says so.
+Where a paper is silent the rule comes from docs/design.md §3 or the authors' code, and says so.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def lamemo_lookahead_keys(i: int, seg_start: int, N: int) -> list[int]:
     current segment (X_tau = [x_{tau+1}, ...], line 156): "x_i can attend to position x_j on its right (j > i)
     without causing information leakage as long as j <= tau+1" (lines 357-360; footnote 3, lines 85-86);
     eq. (9)'s softmax "masks position j <= i" (line 392), so only p > i remain (with M < N this is the
-    min(M, N) window of DESIGN §3). Successive windows tile every position to i's right ("the target segment
+    min(M, N) window of docs/design.md §3). Successive windows tile every position to i's right ("the target segment
     moves forward N positions at each iteration", lines 363-364)."""
     return [p for p in range(seg_start - N + 1, seg_start + 1) if p > i]
 
@@ -215,7 +215,7 @@ def lamemo_reference(model, tokens: list[int], targets: list[int], seg_len: int,
     start d), at every layer l:
 
       * hidden states: h^0 is the token embedding of every position (memory and current); memory hidden states
-        at layers >= 1 are recomputed in THIS segment from h^0 (DESIGN §3; [LM] lines 433-435: C<-> "are
+        at layers >= 1 are recomputed in THIS segment from h^0 (docs/design.md §3; [LM] lines 433-435: C<-> "are
         further fed to the non-linear transformation defined in Eq. 3 to update representations in higher
         layers"; Figure 4, lines 411-413), h^{l+1}[p] = f(h^l[p] + W_o context[p]) ([LM] eq. (3), lines
         192-207) for memory and current positions alike;
@@ -310,7 +310,7 @@ def rmt_sees(q_kind: str, q_pos: int, k_kind: str, k_pos: int, from_cache: bool,
     are causal among tokens ("the causal attention mask is applied only to tokens"), never the write block
     (they would see the future); write rows "attend to all current segment tokens": the whole segment.
     Cache (Tr-XL + RMT, lines 82-83, 433): token and write rows read it; read rows only with
-    read_mem_from_cache (the paper is silent; the authors' code does not let them, DESIGN §3).
+    read_mem_from_cache (the paper is silent; the authors' code does not let them, docs/design.md §3).
     same_length (with M > 0): token rows see no cache or token key M or more rows back.
     """
     if from_cache:
@@ -333,7 +333,7 @@ def rmt_reference(model, tokens: list[int], targets: list[int], seg_len: int, do
     ([RMT] lines 226-249: H~0 = [H_mem o H0 o H_mem]) at row positions k(2R + N) ... k(2R + N) + 2R + N - 1.
 
       * the read and write rows' layer-0 inputs are both the previous segment's write outputs (lines 262-275:
-        H_mem_{tau+1} := H_write_tau), or the learned memory_init at a document start (DESIGN §3);
+        H_mem_{tau+1} := H_write_tau), or the learned memory_init at a document start (docs/design.md §3);
       * the Transformer-XL cache ([RMT] eq. 1, lines 159-171: the layer input is [SG(M_-m:) o H]): with
         cache_memory_rows (the authors' code) it holds the last M rows of the row stream before the segment's
         read block, within the document, so a cached row sits at its own row position and its distance to a

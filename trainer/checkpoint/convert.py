@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ResumeError, UnsafeCheckpointError
-from .safe_load import safe_load
 from memlm.trainer.loop.recurrence import plain_state
 
+from .errors import ResumeError, UnsafeCheckpointError
+from .safe_load import safe_load
 
 # Older memlm installed its folders as top-level packages, so its files name classes as `models.txl.TXLMemory` or
 # `trainer.recurrence.Segment`; they now live under memlm.* (memlm/__init__.py), some in other modules.

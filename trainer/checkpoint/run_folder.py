@@ -22,8 +22,9 @@ import re
 import shutil
 from pathlib import Path
 
-from .store import ResumeError
 from memlm.trainer.tracking.tracker import RUN_ID_FILE
+
+from .store import ResumeError
 
 METRICS = "metrics.jsonl"
 EVAL_DIR = "eval"

@@ -69,8 +69,8 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1, max_bad_steps=1)
-        _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0, weight_decay=0.0, clip=0.0,
-                   stop_grace_s=0.0)
+        _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0,
+                  weight_decay=0.0, clip=0.0, stop_grace_s=0.0)
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -92,7 +92,7 @@ class DeepSpeedConfig:
     offload_params: bool = False  # parameters on the CPU (ZeRO-3 only)
     loss_scale: float = 0.0  # fp16 only: 0 means dynamic loss scaling
     # DeepSpeed's torch Adam instead of its fused/cpu Adam: identical maths, and no minutes-long JIT build of
-    # fused_adam / cpu_adam on first use (DESIGN §9). Turn off on GPUs for the fused kernels' speed.
+    # fused_adam / cpu_adam on first use (docs/design.md §9). Turn off on GPUs for the fused kernels' speed.
     torch_adam: bool = True
     # Gradient reduction bucket, in elements (ZeRO >= 1); 0 keeps DeepSpeed's default of 5e8. Under ZeRO-3 the
     # bucket's buffer is allocated at this size and keeps a model's worth of gradients resident on every rank

@@ -288,7 +288,8 @@ class _Dumper(yaml.SafeDumper):
     """Sections as blocks, lists inline (`cutoffs: [20000, 40000]`): reads like the hand-written presets."""
 
 
-_Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
+_Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data,
+                                                                            flow_style=True))
 
 
 def to_yaml(tree: Mapping[str, Any]) -> str:

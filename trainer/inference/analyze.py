@@ -1,4 +1,4 @@
-"""`memlm analyze`: the views the papers use to show why memory helps, for a trained run (DESIGN §8).
+"""`memlm analyze`: the views the papers use to show why memory helps, for a trained run (docs/design.md §8).
 
     result = analyze_run("runs/demo/runs/lamemo", split="test", segments=64)   # JSON + plots in RUN_DIR/analysis
 
@@ -189,12 +189,14 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
         result["lamemo_alpha"] = alpha.result()
     if maps is not None:
         mean = maps.mean()
-        blocks = {"cache": [0, M], "read": [M, M + R], "tokens": [M + R, M + R + N], "write": [M + R + N, M + 2 * R + N]}
+        blocks = {"cache": [0, M], "read": [M, M + R], "tokens": [M + R, M + R + N],
+                  "write": [M + R + N, M + 2 * R + N]}
         result["rmt_attention"] = {
             "num_mem_tokens": R, "key_blocks": blocks,
             "query_blocks": {"read": [0, R], "tokens": [R, R + N], "write": [R + N, 2 * R + N]},
             # 6 decimals: the maps are L x (2R + N) x (M + 2R + N) numbers (~1M at the WikiText-103 shape)
-            "read_rows": mean[:, :R].round(decimals=6).tolist(), "write_rows": mean[:, R + N :].round(decimals=6).tolist(),
+            "read_rows": mean[:, :R].round(decimals=6).tolist(),
+            "write_rows": mean[:, R + N :].round(decimals=6).tolist(),
             "mean_map": mean.round(decimals=6).tolist(),
             "allowed": rmt_allowed(R, N, torch.ones(1, M, dtype=torch.bool), cfg.same_length,
                                    cfg.read_mem_from_cache)[0].tolist(),
@@ -207,9 +209,9 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     """Analyse RUN_DIR's checkpoint on `split`; write analysis JSON + plots; log them to the run's MLflow run."""
     from memlm.data_pipeline.format import DataError
     from memlm.data_pipeline.stream import LaneStream
-    from .analyze_plots import write_plots
     from memlm.trainer.checkpoint.store import step_of
 
+    from .analyze_plots import write_plots
     from .evaluate import write_json
     from .generate import load_run_model
 
@@ -232,7 +234,8 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     result.update(split=split, step=step_of(find_checkpoint(run_dir, tag)[1]))
     out = Path(out_dir) if out_dir else run_dir / "analysis"
     files = [write_json(result, out / f"analysis-{split}.json")]
-    files += write_plots(result, out, title=f"{run_dir.name} ({result['arch']}, {split}, {result['segments']} segments)")
+    title = f"{run_dir.name} ({result['arch']}, {split}, {result['segments']} segments)"
+    files += write_plots(result, out, title=title)
     result["files"] = [str(f) for f in files]
     if track:
         result["mlflow"] = log_to_mlflow(cfg, run_dir, files)

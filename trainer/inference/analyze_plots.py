@@ -1,4 +1,5 @@
-"""Plots of `memlm analyze` (trainer/inference/analyze.py): headless matplotlib figures (Agg canvas, no pyplot state), each
+"""Plots of `memlm analyze` (trainer/inference/analyze.py): headless matplotlib figures (Agg canvas, no pyplot state),
+each
 written aside and renamed, like trainer/tracking/plots.py."""
 
 from __future__ import annotations

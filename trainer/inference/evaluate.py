@@ -1,4 +1,4 @@
-"""Evaluation (`memlm eval`, DESIGN §4 and §8): per-document memory, every token counted once across ranks.
+"""Evaluation (`memlm eval`, docs/design.md §4 and §8): per-document memory, every token counted once across ranks.
 
     result = evaluate(model, data_dir, "valid", lanes=4, seg_len=model.cfg.tgt_len, rank=r, world_size=w)
     result = evaluate_run("runs/x", split="test", mem_mult=4)   # config + checkpoint -> JSON in runs/x/eval/
@@ -76,7 +76,7 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
         for step, batch in enumerate(stream):
             if max_batches and step >= max_batches:
                 break
-            refit_threads()  # fewer threads while other processes keep this one's cores busy (trainer/runtime/process.py)
+            refit_threads()  # fewer threads while other processes keep this one's cores busy (runtime/process.py)
             # Counted on the host copy: no device sync per batch for the display.
             meter.update(1, tokens=int((batch.targets != -100).sum()) if meter.enabled else 0)
             inputs, targets = batch.tokens.to(device), batch.targets.to(device)
@@ -137,7 +137,8 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
 
     Every argument left None keeps the run's own setting. track: also log the result to the training run's MLflow
     run (off for callers that log themselves, such as `memlm extrapolate`'s parallel tasks). progress: rank 0 shows
-    the pass's progress on stderr (off for `memlm extrapolate`'s tasks: its driver shows theirs). Runs collectively under torchrun / the deepspeed
+    the pass's progress on stderr (off for `memlm extrapolate`'s tasks: its driver shows theirs). Runs collectively
+    under torchrun / the deepspeed
     launcher (a process group is created here when none exists and RANK/WORLD_SIZE are set).
     User mistakes raise ConfigError / DataError with a one-line message, before any process group exists.
     """
@@ -166,7 +167,9 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         path = Path(json_path) if json_path else (
             run_dir / "eval" / f"{split}-step{result['step']}-tgt{result['tgt_len']}-mem{result['mem_len']}.json")
         write_json(result, path)
-        from memlm.trainer.tracking.tracker import log_eval_result  # mlflow itself is imported only if the run is tracked
+        from memlm.trainer.tracking.tracker import (
+            log_eval_result,  # mlflow itself is imported only if the run is tracked
+        )
 
         if track:
             log_eval_result(cfg, run_dir, result, path)

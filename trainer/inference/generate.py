@@ -1,4 +1,4 @@
-"""Text generation with memory (`memlm generate`, DESIGN §8), and the Python API for notebooks.
+"""Text generation with memory (`memlm generate`, docs/design.md §8), and the Python API for notebooks.
 
     from .generate import Generator
     gen = Generator.from_run("runs/demo/runs/lamemo")                  # config + latest checkpoint + tokenizer
@@ -8,7 +8,8 @@
 How a token is decoded. The model reads text in segments of N = model.tgt_len tokens with its memory, as in
 training and evaluation. The prompt (after one boundary id, which starts every document the model was trained on)
 is fed in segments: whole segments through the model's own forward, the rest incrementally. Each new token is then
-sampled and fed with an incremental cache of the current segment's keys and values (trainer/inference/generate_cache.py),
+sampled and fed with an incremental cache of the current segment's keys and values
+(trainer/inference/generate_cache.py),
 so it costs attention over the M memory keys and the t tokens before it, not a rerun of the segment. When a segment
 is full, the model's forward over those N tokens, from the memory the segment started with, gives the next memory:
 the memory rule (Transformer-XL's cache of the last M layer inputs; LaMemo's refreshed context C, log-normaliser
@@ -21,7 +22,8 @@ decoding the first token of a segment triggers that refresh (the model's look-ah
 layer); every later token of the segment attends to the refreshed memory as the model's segment forward does, and
 the memory is not refreshed again until the next segment starts: the look-ahead window ends at the segment's first
 token, so later tokens cannot change it. Decoding is therefore identical to scoring the same text segment by
-segment (tests/trainer/inference/test_generate.py checks the log-probabilities against the model's forward for every arch), and the
+segment (tests/trainer/inference/test_generate.py checks the log-probabilities against the model's forward for every
+arch), and the
 memory the next segment sees equals the one a full forward would carry.
 
 Sampling: temperature (0 = greedy), then top-k, then top-p (nucleus) over the model's log-probabilities, drawn
@@ -43,6 +45,7 @@ from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer, load_tokenizer
 from memlm.models import build_model
 from memlm.models.config import ConfigError
+
 from .generate_cache import make_decoder
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -56,9 +59,9 @@ def load_run_model(run_dir: str | os.PathLike, mem_len: int | None = None, tag: 
     mem_len: another memory length than the run's (memory length is configuration only). User mistakes (no run
     folder, no checkpoint, data moved) raise ConfigError / DataError with one line."""
     from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-    from memlm.trainer.config.run_config import eval_model_config
     from memlm.trainer.checkpoint.store import find_checkpoint
     from memlm.trainer.checkpoint.weights import load_weights
+    from memlm.trainer.config.run_config import eval_model_config
 
     from .evaluate import resolve_eval_config
 

@@ -1,6 +1,7 @@
 """Incremental decoding inside one segment: the current segment's keys and values are cached per layer, so a new
 token costs attention over the M memory keys (plus RMT's R read rows) and the t tokens before it, never a rerun
-of the segment. Used by `trainer.inference.generate`; exact against the models' own segment forward (tests/trainer/inference/test_generate.py).
+of the segment. Used by `trainer.inference.generate`; exact against the models' own segment forward
+(tests/trainer/inference/test_generate.py).
 
 Shape legend: B lanes, N segment length (cfg.tgt_len), M memory length, R memory tokens (RMT), Q new tokens of
 one `extend` call, t tokens already in the segment, L layers, D model width, H heads, E head width, V vocabulary.
@@ -40,11 +41,6 @@ class SegmentDecoder:
         self.model = model
         self.cfg = model.cfg
         self.t = 0
-
-    @property
-    def length(self) -> int:
-        """Tokens in the current segment so far."""
-        return self.t
 
     def _buffers(self, batch: int, prefix: int, device, dtype) -> None:
         cfg = self.cfg

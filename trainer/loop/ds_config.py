@@ -12,7 +12,7 @@ def deepspeed_config(cfg, world_size: int) -> dict:
     t, ds = cfg.train, cfg.deepspeed
     opt_type = "AdamW" if t.optimizer == "adamw" else "Adam"
     params = {"lr": t.lr, "betas": list(t.adam_betas), "eps": t.adam_eps, "weight_decay": t.weight_decay,
-              # torch's Adam instead of fused_adam / cpu_adam: same maths, no minutes-long JIT build (DESIGN §9)
+              # torch's Adam instead of fused_adam / cpu_adam: same maths, no minutes-long JIT build (docs/design.md §9)
               "torch_adam": bool(ds.torch_adam)}
     if opt_type == "Adam":
         params["adam_w_mode"] = False  # "Adam" means L2 weight decay, as TrainConfig documents

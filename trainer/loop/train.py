@@ -152,8 +152,8 @@ class Trainer:
 
         from memlm.data_pipeline.stream import LaneStream
         from memlm.models import build_model
-
         from memlm.trainer.config.run_config import dump_yaml
+
         from .ds_config import deepspeed_config
         from .recurrence import make_recurrence
         from .schedule import make_scheduler

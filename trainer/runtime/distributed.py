@@ -2,7 +2,7 @@
 
 torchrun and the deepspeed launcher set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (the
 deepspeed launcher also passes --local_rank, which we do not need: LOCAL_RANK is in the environment). A plain
-process has none of them, and DeepSpeed then falls back to MPI discovery and fails on mpi4py (DESIGN §9), so we
+process has none of them, and DeepSpeed then falls back to MPI discovery and fails on mpi4py (docs/design.md §9), so we
 set the single-process values with a free loopback port. Without CUDA, DeepSpeed must use its CPU accelerator
 (DS_ACCELERATOR=cpu) and gloo; both are decided here, before deepspeed is imported anywhere.
 """

@@ -3,7 +3,7 @@ DeepSpeed op cache keyed by its environment (and glibc malloc settings, trainer/
 
 Threads. torch starts one OpenMP thread per core of the machine by default. Two such processes on the same cores
 (the ranks of one job, a Ray trial beside another, an evaluation beside a training run) spin for cores that are
-busy: on a 2-core machine a Transformer-XL step took 7.3 s instead of 0.15 s (DESIGN §4). So each process takes
+busy: on a 2-core machine a Transformer-XL step took 7.3 s instead of 0.15 s (docs/design.md §4). So each process takes
 
     the Ray task's or trial's CPUs          inside Ray (its num_cpus: what the scheduler reserved for it);
     OMP_NUM_THREADS                         when set (the user's choice, or torchrun's for several ranks);

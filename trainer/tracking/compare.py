@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .plots import plot_curves
-from .compare_runs import (COMPARISON_KIND, KIND_TAGS, ExperimentRuns, describe, open_store, read_experiment,
-                           resolve_uri)
+from .compare_runs import COMPARISON_KIND, KIND_TAGS, ExperimentRuns, describe, open_store, read_experiment, resolve_uri
 from .compare_table import build_row, sort_rows, to_csv, to_markdown
 from .errors import TrackingError
+from .plots import plot_curves
 
 MAX_PARAM = 6000  # MLflow's limit on a param value's length
 COMPARISONS_SUFFIX = "-comparisons"  # the snapshots' experiment: the compared one's name plus this
@@ -89,6 +88,7 @@ def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Pat
     run_id = ""
     try:
         from memlm.trainer.config.run_config import TrackingConfig
+
         from .tracker import ensure_experiment
 
         # Snapshots hold no training metrics: no saved view of them (the run name says when it was taken).

@@ -13,10 +13,8 @@ it is tagged). A sweep's trials are ordinary training runs.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .client import open_client, set_environment

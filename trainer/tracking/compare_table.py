@@ -41,7 +41,8 @@ class Row:
     dev_ppl: Optional[float]  # the latest valid_ppl (training's validation or `memlm eval --split valid`)
     test_ppl: Optional[float]  # test_ppl from `memlm eval --split test`, at the lengths the run was trained with
     # `memlm eval --split test` at other settings than trained (--mem-mult, --mem-len, --tgt-len, ...), each logged
-    # under its own metric (test_ppl_tgt8_mem32: trainer.tracking.tracker._eval_suffix): [("tgt8_mem32", ppl)], ordered by
+    # under its own metric (test_ppl_tgt8_mem32: trainer.tracking.tracker._eval_suffix): [("tgt8_mem32", ppl)], ordered
+    # by
     # target and memory length
     test_ppl_other: list[tuple[str, float]]
     dev_bpc: Optional[float]  # bits per character: byte-level data only (blank for words or subword pieces)
@@ -91,7 +92,8 @@ def build_row(record: RunRecord) -> Row:
               status=record.status, params=None, mem_len=None, mem_tokens=None, flops_per_token=None,
               dev_ppl=m.get("valid_ppl"), test_ppl=m.get("test_ppl"), test_ppl_other=other_test_ppl(m),
               dev_bpc=m.get("valid_bpc") if byte_level(record) else None,
-              test_bpc=m.get("test_bpc") if byte_level(record) else None, tokens_per_s=statistics.median(speeds) if speeds else None,
+              test_bpc=m.get("test_bpc") if byte_level(record) else None,
+              tokens_per_s=statistics.median(speeds) if speeds else None,
               steps=loss[-1][0] if loss else None,
               tokens=int(m["tokens"]) if m.get("tokens") is not None else None)
     try:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
 URI_FILE = "mlflow_tracking_uri"  # ... and the store that run lives in (`memlm eval` logs there from any folder)
-FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, DESIGN §9)
+FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, docs/design.md §9)
 FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
 MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
 MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch

@@ -5,12 +5,13 @@ The UI is `mlflow server` as a child process (its own session, so the whole proc
 - bound to 127.0.0.1 unless --host says otherwise (a warning line when the address is not loopback: the UI has no
   login, anyone who can reach the port can read and delete runs);
 - `--workers 1` and MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false: one viewer needs no worker pool or job runner, and
-  the server then starts in ~13 s instead of ~20 s and 1.5 GB (DESIGN §9); telemetry off;
+  the server then starts in ~13 s instead of ~20 s and 1.5 GB (docs/design.md §9); telemetry off;
 - for a SQLite store, artifacts are served from the `mlartifacts` folder beside the database, where
   trainer.tracking.tracker.ensure_experiment puts every experiment's artifacts.
 Once it answers, each experiment's runs table is printed as a link (experiments memlm creates carry the
 `mlflow.experimentKind` tag that makes the UI open them on their runs, not on the GenAI Traces tab, and memlm's saved
-view of the runs table, trainer.tracking.tracker.RUNS_VIEW_TAG, which the link opens: validation and test perplexity, loss,
+view of the runs table, trainer.tracking.tracker.RUNS_VIEW_TAG, which the link opens: validation and test perplexity,
+loss,
 tokens, arch and tokenizer instead of the default Source / Models / Dataset columns). The server's own output (its
 start-up lines, warnings, errors; no access log) goes to UI_LOG beside the SQLite store (or in the working folder for
 another database), so the console holds memlm's lines only; a server that fails to start is reported with that

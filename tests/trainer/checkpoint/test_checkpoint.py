@@ -7,7 +7,6 @@ and the killed run are subprocesses (torchrun --standalone picks a free port per
 from __future__ import annotations
 
 import json
-
 import os
 import signal
 import subprocess
@@ -17,8 +16,18 @@ import time
 import pytest
 
 from memlm.cli import main
-from support.training import (ARCHS, REPO, child_env, losses, make_data, metrics, overrides, preset, torchrun,
-                           train_in_process)
+from support.training import (
+    ARCHS,
+    REPO,
+    child_env,
+    losses,
+    make_data,
+    metrics,
+    overrides,
+    preset,
+    torchrun,
+    train_in_process,
+)
 
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")
 K = 3
@@ -89,7 +98,8 @@ def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
     assert losses(split) == runs[2]
 
     proc = subprocess.run([sys.executable, "-m", "memlm", "train", preset("txl"),
-                           *overrides(data, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K), "--out", str(split),
+                           *overrides(data, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K),
+                           "--out", str(split),
                            "--resume"], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "world_size was 2, now 1" in proc.stderr and "--reshard" in proc.stderr

@@ -8,7 +8,8 @@ and both stop at the same step) and a Ctrl-C (one line, exit 130) mid-step. Also
 during a save (one line; the previous checkpoint resumes exactly).
 
 One uninterrupted reference per (arch, world size) is shared by its kill points. Killed runs are subprocesses;
-1-rank resumes run in-process (no interpreter or DeepSpeed start-up). tests/trainer/checkpoint/test_checkpoint.py keeps the older
+1-rank resumes run in-process (no interpreter or DeepSpeed start-up). tests/trainer/checkpoint/test_checkpoint.py keeps
+the older
 timed kill inside a save.
 """
 
@@ -23,8 +24,18 @@ import pytest
 import torch
 
 from memlm.cli import main
-from support.training import (REPO, child_env, eval_signalled, losses, make_data, metrics, overrides, preset,
-                           torchrun, train_in_process)
+from support.training import (
+    REPO,
+    child_env,
+    eval_signalled,
+    losses,
+    make_data,
+    metrics,
+    overrides,
+    preset,
+    torchrun,
+    train_in_process,
+)
 
 pytestmark = [pytest.mark.kill_matrix, pytest.mark.xdist_group("kill_matrix")]  # one worker: shared references
 
@@ -41,8 +52,8 @@ MATRIX = [
     ("sigterm", "txl", 1, 21), ("sigterm", "rmt", 1, 22), ("sigterm", "txl", 2, 23), ("sigint", "txl", 1, 24),
 ]
 SIGNALS = {"sigterm": "TERM", "sigint": "INT"}  # sent at the mid-step kill point instead of SIGKILL
-CHOICES = {"step": ANY, "micro": ANY, "sigterm": ANY[:-1], "sigint": ANY[:-1], "validation": (3, 6), "engine-saved": SAVES, "rank-saved": SAVES,
-           "renamed": SAVES, "latest": SAVES}
+CHOICES = {"step": ANY, "micro": ANY, "sigterm": ANY[:-1], "sigint": ANY[:-1], "validation": (3, 6),
+           "engine-saved": SAVES, "rank-saved": SAVES, "renamed": SAVES, "latest": SAVES}
 
 
 def kill_step(point: str, seed: int) -> int:

@@ -1,4 +1,5 @@
-"""A run folder holds one run (trainer/checkpoint/run_folder.py): a second `train` into it without --resume is refused in one
+"""A run folder holds one run (trainer/checkpoint/run_folder.py): a second `train` into it without --resume is refused
+in one
 line and changes nothing, --overwrite starts over, a resume rewinds metrics and evaluations to its checkpoint, and
 no save deletes the checkpoint `latest` names. Plus the command line's handling of overrides after an option."""
 

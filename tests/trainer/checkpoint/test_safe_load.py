@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from memlm.cli import main
-from support.training import REPO, losses, make_data, preset, overrides, train_in_process
+from support.training import REPO, losses, make_data, overrides, preset, train_in_process
 
 STEPS = 4
 

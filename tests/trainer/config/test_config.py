@@ -76,7 +76,8 @@ def test_wt103_presets_follow_the_lamemo_paper(arch, mem_len):
     assert (m.cutoffs, m.div_val, m.tie_weight, m.vocab_size) == ([20000, 40000, 200000], 1, True, 267735)
     assert (m.dropout, m.dropatt) == (0.1, 0.0)
     t = cfg.train
-    assert (t.optimizer, t.lr, t.schedule, t.min_lr_ratio, t.warmup_steps, t.steps) == ("adam", 2.5e-4, "cosine", 0.0, 0, 250000)
+    assert (t.optimizer, t.lr, t.schedule, t.min_lr_ratio, t.warmup_steps, t.steps) == \
+        ("adam", 2.5e-4, "cosine", 0.0, 0, 250000)
     assert cfg.data.batch_size * t.grad_accum == 64
 
 
@@ -86,7 +87,8 @@ def test_wt103_presets_follow_the_lamemo_paper(arch, mem_len):
 def test_character_presets_follow_the_lamemo_paper(preset, arch, vocab):
     cfg = load_config(preset)
     m = cfg.model
-    assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner, m.vocab_size) == (arch, 12, 8, 64, 512, 2048, vocab)
+    assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner, m.vocab_size) == \
+        (arch, 12, 8, 64, 512, 2048, vocab)
     assert (m.tgt_len, m.mem_len, m.dropout, m.dropatt) == (512, 512, 0.1, 0.0)
     assert (cfg.train.steps, cfg.data.batch_size * cfg.train.grad_accum, cfg.train.lr) == (100000, 40, 2.5e-4)
 
@@ -112,13 +114,16 @@ def test_rmt_presets_follow_the_rmt_paper(preset):
     cfg = load_config(preset)
     m = cfg.model
     assert (m.arch, m.n_layer, m.n_head, m.d_head, m.d_model, m.d_inner) == ("rmt", 16, 10, 41, 410, 2100)
-    assert (m.tgt_len, m.mem_len, m.num_mem_tokens, m.bptt_depth, m.aux_loss_weight) == (tgt_len, mem_len, tokens, bptt, aux)
+    assert (m.tgt_len, m.mem_len, m.num_mem_tokens, m.bptt_depth, m.aux_loss_weight) == \
+        (tgt_len, mem_len, tokens, bptt, aux)
     # The paper's training: BPTT over the last k segments for every loss, authors' Tr-XL + RMT options, 60 x N tokens
     # per step for `steps` steps at Transformer-XL's base rate.
-    assert (m.bptt_mode, m.bptt_replay_loss, m.read_mem_from_cache, m.cache_memory_rows) == ("window", False, False, True)
+    assert (m.bptt_mode, m.bptt_replay_loss, m.read_mem_from_cache, m.cache_memory_rows) == \
+        ("window", False, False, True)
     assert (cfg.train.steps, cfg.data.batch_size * cfg.train.grad_accum, cfg.train.lr) == (steps, 60, 2.5e-4)
     lines = (CONFIGS / f"{preset}.yaml").read_text().splitlines()
-    header = " ".join(line.lstrip("# ") for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("#"))])
+    first_key = next(i for i, x in enumerate(lines) if not x.startswith("#"))
+    header = " ".join(line.lstrip("# ") for line in lines[:first_key])
     assert header.startswith("RMT paper, Table 2") and f"-> {ppl} " in header, header
 
 
@@ -306,7 +311,8 @@ def test_cross_section_checks():
         rmt = error_of(load_config, "tiny/rmt", [longer])
         assert "without the Transformer-XL cache" in rmt and "num_mem_tokens" in rmt
     assert load_config("tiny/rmt", ["model.mem_len=8", "eval.mem_mult=10"]).eval.mem_mult == 10
-    ok = load_config(TINY, ["deepspeed.zero_stage=3", "deepspeed.offload_params=true", "deepspeed.offload_optimizer=true"])
+    ok = load_config(TINY, ["deepspeed.zero_stage=3", "deepspeed.offload_params=true",
+                            "deepspeed.offload_optimizer=true"])
     assert ok.deepspeed.offload_params
 
 

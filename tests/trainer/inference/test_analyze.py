@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from memlm.models import ModelConfig, build_model
-from support.training import make_data, train_in_process
 from memlm.trainer.inference.analyze import Recorder, analyze_run, collect
+from support.training import make_data, train_in_process
 
 M, N = 16, 8
 

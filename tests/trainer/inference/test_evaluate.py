@@ -1,4 +1,4 @@
-"""`memlm eval` on real prepared data and real DeepSpeed checkpoints (DESIGN §4, §8).
+"""`memlm eval` on real prepared data and real DeepSpeed checkpoints (docs/design.md §4, §8).
 
 The checkpoints are made here, not by the trainer: one child process (this file run as a script) wraps tiny
 models in deepspeed.initialize (CPU accelerator, gloo, world 1), takes one optimizer step so the weights differ
@@ -27,7 +27,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 # run name -> (preset, ZeRO stage)
-RUNS = {"txl": ("tiny/txl", 0), "txl_zero2": ("tiny/txl", 2), "txl_zero3": ("tiny/txl", 3), "lamemo": ("tiny/lamemo", 0), "rmt": ("tiny/rmt", 0)}
+RUNS = {"txl": ("tiny/txl", 0), "txl_zero2": ("tiny/txl", 2), "txl_zero3": ("tiny/txl", 3),
+        "lamemo": ("tiny/lamemo", 0), "rmt": ("tiny/rmt", 0)}
 REL = 1e-6
 
 
@@ -123,7 +124,8 @@ def test_matches_per_document_reference(arch, runs, data):
         result = evaluate_run(run, lanes=lanes, json_path=run / f"lanes{lanes}.json")
         assert result["tokens"] == manifest["tokens"] and result["documents"] == manifest["documents"]
         assert _close(result["nll"] * result["tokens"], ref_nll, 1e-5), (lanes, result["nll"], ref_nll / ref_tokens)
-        assert result["arch"] == arch and result["step"] == 1 and (result["tgt_len"], result["mem_len"]) == (8, 8 if arch != "rmt" else 0)
+        assert result["arch"] == arch and result["step"] == 1
+        assert (result["tgt_len"], result["mem_len"]) == (8, 8 if arch != "rmt" else 0)
         assert json.loads((run / f"lanes{lanes}.json").read_text()) == result
 
 

@@ -1,4 +1,5 @@
-"""`memlm generate` and trainer.inference.generate: incremental decoding is the model's segment forward, memory is carried
+"""`memlm generate` and trainer.inference.generate: incremental decoding is the model's segment forward, memory is
+carried
 and used, sampling is seeded, text streams per tokenizer, mistakes are one line.
 
 The reference for decoding is the model's own forward over whole segments (the definition of what the model
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from memlm.models import ModelConfig, build_model
-from support.training import make_data, train_in_process
 from memlm.trainer.inference.generate import Generator, Session, TextStream, sample_next
+from support.training import make_data, train_in_process
 
 CASES = {
     "transformer": dict(arch="transformer", mem_len=0),

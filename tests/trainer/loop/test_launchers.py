@@ -1,4 +1,4 @@
-"""The three ways `memlm train` starts (DESIGN §4, §9): plain `python -m memlm`, `torchrun --standalone` and the
+"""The three ways `memlm train` starts (docs/design.md §4, §9): plain `python -m memlm`, `torchrun --standalone` and the
 `deepspeed` launcher, all on CPU (gloo). The deepspeed launcher sees one CPU "device", so it gets `--num_gpus 2`;
 with our localhost hostfile it needs `--no_ssh_check --master_addr 127.0.0.1`, and it passes `--local_rank=N`
 to `memlm` (accepted and ignored: LOCAL_RANK is in the environment). Every launch is a subprocess (~10-15 s
@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from support.training import DEEPSPEED, REPO, child_env, losses, make_data, metrics, overrides, preset, subprocess_train, torchrun
+from support.training import (
+    DEEPSPEED,
+    REPO,
+    child_env,
+    losses,
+    make_data,
+    metrics,
+    overrides,
+    preset,
+    subprocess_train,
+    torchrun,
+)
 
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")  # minutes: a deadlocked collective fails fast
 STEPS = 4
@@ -37,7 +48,8 @@ def deepspeed_launch(tmp_path: Path, args: list[str]) -> subprocess.CompletedPro
     cmd = [str(DEEPSPEED), "--hostfile", str(hostfile), "--num_gpus", "2", "--no_ssh_check",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--module", "memlm", *args]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n{proc.stdout[-4000:]}"
+    assert proc.returncode == 0, \
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n{proc.stdout[-4000:]}"
     return proc
 
 

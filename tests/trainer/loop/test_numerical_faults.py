@@ -24,9 +24,9 @@ def data(tmp_path_factory):
 def _trainer(data, tmp_path, zero: int, **extra):
     """A built Trainer (real DeepSpeed engine, one process) whose steps the test drives itself."""
     from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.runtime import distributed
     from memlm.trainer.config.run_config import load_config
     from memlm.trainer.loop.train import Trainer
+    from memlm.trainer.runtime import distributed
 
     cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=zero, train__steps=8, **extra))
     trainer = Trainer(cfg, tmp_path / "run", distributed.setup_env(), {}, load_manifest(data))

@@ -1,7 +1,8 @@
 """SIGTERM and Ctrl-C as users and schedulers send them (trainer/loop/preemption.py, memlm/cli.py).
 
 The signal arrives at a chosen point through the trainer's test hook (MEMLM_TEST_KILL with MEMLM_TEST_SIGNAL), as
-from a scheduler or a terminal; bit-exact resume after each is in tests/trainer/checkpoint/test_kill_matrix.py. Here: the MLflow run
+from a scheduler or a terminal; bit-exact resume after each is in tests/trainer/checkpoint/test_kill_matrix.py. Here:
+the MLflow run
 ends KILLED and the resume brings it back to FINISHED; a SIGTERM whose step boundary does not come within
 train.stop_grace_s leaves without a checkpoint and the previous one intact; Ctrl-C in `memlm eval` is one line."""
 

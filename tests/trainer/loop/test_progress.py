@@ -50,7 +50,6 @@ def test_a_terminal_gets_a_bar_and_a_disabled_meter_prints_nothing():
 def test_eval_progress_goes_to_stderr_and_the_result_to_stdout(tmp_path, capsys):
     """A real `memlm eval` of a freshly trained tiny run, output redirected (not a terminal)."""
     from memlm.cli import main
-
     from support.training import make_data, train_in_process
 
     data = make_data(tmp_path)

@@ -12,23 +12,20 @@ Nothing here uses DeepSpeed: the schedules take any forward callable, so the bar
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from memlm.models import ModelConfig, build_model
+from memlm.models import build_model
 from memlm.trainer.loop.recurrence import ChunkBPTT, SegmentRecurrence, WindowBPTT, make_recurrence
+from support.models import tiny_model_config
 
 B, N = 2, 8
 
 
-def tiny(**kw):
-    base = dict(arch="rmt", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=N,
-                mem_len=0, num_mem_tokens=2)
-    base.update(kw)
-    return ModelConfig(**base)
-
+tiny = functools.partial(tiny_model_config, arch="rmt", tgt_len=N, mem_len=0, num_mem_tokens=2)
 
 def make_batches(n_seg: int, doc_starts: dict[int, set[int]], seed: int = 0) -> list[SimpleNamespace]:
     """n_seg batches [B, N] of distinct random tokens; lane b starts a document at segment 0 and at each segment

@@ -2,7 +2,7 @@
 configs that cannot work are refused up front.
 
 Cost and CI: DeepSpeed JIT-compiles its `deepspeed_shm_comm` op at the first CPU `initialize` (measured 26 s on
-this 2-core machine, ~1 min on others per DESIGN §9), then loads it from TORCH_EXTENSIONS_DIR (default
+this 2-core machine, ~1 min on others per docs/design.md §9), then loads it from TORCH_EXTENSIONS_DIR (default
 ~/.cache/torch_extensions). CI pays it once: the first test here that builds an engine absorbs it; `.ci/run` may
 keep TORCH_EXTENSIONS_DIR in its cache, keyed by CPU model (the build uses -march=native, never share it across
 CPU models). No other op is built: the optimizer is DeepSpeed's torch Adam (`deepspeed.torch_adam: true`).

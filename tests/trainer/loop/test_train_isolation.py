@@ -3,7 +3,8 @@ document that precedes another in the same lane (same length, so the segment lay
 lane, one rank, data shuffling off and a learning rate so small that the weights barely move, the trainer's
 per-step losses on the later document's segments must be identical across the two corpora (any memory carried
 over from the differing document would change them), while the steps on the differing document do differ
-(the corpora really are different). Verified to fail with batch.reset ignored in Trainer._micro_batch.
+(the corpora really are different). Verified to fail with batch.reset ignored where the recurrence reads a batch
+(trainer/loop/recurrence.py, `_read`).
 """
 
 from __future__ import annotations

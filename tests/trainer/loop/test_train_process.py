@@ -1,4 +1,5 @@
-"""What a plain `memlm train` process does to the machine around it (trainer/runtime/distributed.py): its torch rendezvous,
+"""What a plain `memlm train` process does to the machine around it (trainer/runtime/distributed.py): its torch
+rendezvous,
 gloo and DeepSpeed listen on loopback only, and a DeepSpeed op lock left by a killed process does not hang it."""
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def data(tmp_path_factory):
 
 
 def test_a_plain_train_listens_on_loopback_only(data, tmp_path):
-    """Run in a network where the machine has another address (tests/support/ray_listeners.py): torch's store binds every
+    """Run in a network where the machine has another address (tests/support/ray_listeners.py): torch's store binds
+    every
     interface by itself, so before this a single process listened on `*` for its whole run."""
     cmd = [sys.executable, "-m", "memlm", "train", preset("txl"), *overrides(data, train__steps=30),
            "--out", str(tmp_path / "run")]
@@ -49,7 +51,8 @@ def test_a_dead_processs_op_lock_does_not_hang_training(data, tmp_path):
     cache_home = tmp_path / "cache"
     env = child_env({"XDG_CACHE_HOME": str(cache_home), "HOME": str(tmp_path)})
     env.pop("TORCH_EXTENSIONS_DIR", None)  # set in this process by an earlier in-process run: the real cache
-    probe = subprocess.run([sys.executable, "-c", "from memlm.trainer.runtime.process import extension_cache_dir as d; print(d())"],
+    script = "from memlm.trainer.runtime.process import extension_cache_dir as d; print(d())"
+    probe = subprocess.run([sys.executable, "-c", script],
                            cwd=REPO, env=env, capture_output=True, text=True, check=True)
     copy = type(real)(probe.stdout.strip())
     shutil.copytree(real / "deepspeed_shm_comm", copy / "deepspeed_shm_comm",

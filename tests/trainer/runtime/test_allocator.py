@@ -93,4 +93,5 @@ def test_a_bad_setting_is_named_once_and_ignored():
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     warnings = [line for line in out.stderr.splitlines() if "MEMLM_MALLOC" in line]
-    assert warnings == ["memlm: warning: ignoring MEMLM_MALLOC='fast' is neither 'tuned' nor 'system'; kept the defaults"]
+    assert warnings == \
+        ["memlm: warning: ignoring MEMLM_MALLOC='fast' is neither 'tuned' nor 'system'; kept the defaults"]

@@ -1,4 +1,5 @@
-"""Threads that fit the cores (trainer/runtime/process.py): every memlm process sets torch's thread count to the cores it
+"""Threads that fit the cores (trainer/runtime/process.py): every memlm process sets torch's thread count to the cores
+it
 owns, so processes that share a machine never oversubscribe it, and a count memlm chose itself follows the load
 (one thread less per core other processes keep busy); and the DeepSpeed op cache is keyed by the environment.
 The side-by-side tests read the thread counts the processes chose (their stderr lines), never a timing (speed
@@ -15,8 +16,8 @@ import sys
 
 import pytest
 
-from support.training import DEEPSPEED, REPO, child_env, make_data, overrides, preset
 from memlm.trainer.runtime import process as runtime
+from support.training import DEEPSPEED, REPO, child_env, make_data, overrides, preset
 
 CHOICE = re.compile(r"memlm (\w+):(?: rank (\d+))? (\d+) torch threads? \((.+)\)")
 
@@ -41,7 +42,8 @@ def test_choice_rules():
     assert runtime.choose_threads(env={}).threads == cores
     assert runtime.choose_threads(env={"LOCAL_WORLD_SIZE": "2"}).threads == max(1, cores // 2)  # torchrun, Ray Train
     assert runtime.choose_threads(env={"LOCAL_SIZE": str(4 * cores)}).threads == 1  # deepspeed launcher; >= 1
-    assert runtime.choose_threads(env={"OMP_NUM_THREADS": "3", "LOCAL_SIZE": "2"}) == runtime.ThreadChoice(3, "OMP_NUM_THREADS")
+    assert runtime.choose_threads(env={"OMP_NUM_THREADS": "3", "LOCAL_SIZE": "2"}) == \
+        runtime.ThreadChoice(3, "OMP_NUM_THREADS")
     ray = runtime.choose_threads(cpus=2, env={"OMP_NUM_THREADS": "1"})  # a Ray task's reservation wins
     assert ray.threads == 2 and "Ray" in ray.reason
 
@@ -210,9 +212,7 @@ def test_bad_omp_num_threads_is_named_and_ignored(capsys):
 
 def test_two_ranks_under_the_deepspeed_launcher_share_the_cores(data, tmp_path):
     """The deepspeed launcher sets no OMP_NUM_THREADS: each of its 2 ranks must take half the cores."""
-    from memlm.trainer.runtime.distributed import free_port
-
-    from memlm.trainer.runtime.distributed import shm_buffer_path
+    from memlm.trainer.runtime.distributed import free_port, shm_buffer_path
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -242,7 +242,8 @@ def test_two_trainers_side_by_side_on_their_own_cores(data, tmp_path):
         cmd = [sys.executable, "-m", "memlm", "train", preset("txl"),
                *overrides(data, train__steps=3, train__save_every=0), "--out", str(tmp_path / f"run{i}")]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_without_threads(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, preexec_fn=lambda c=core: os.sched_setaffinity(0, {c})))
+                                      stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda c=core: os.sched_setaffinity(0, {c})))
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err[-3000:]

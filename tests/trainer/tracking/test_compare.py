@@ -1,4 +1,4 @@
-"""`memlm compare` on real MLflow stores (DESIGN §5), and `memlm eval` logging to the training run.
+"""`memlm compare` on real MLflow stores (docs/design.md §5), and `memlm eval` logging to the training run.
 
 One module fixture trains three tiny tracked runs (transformer, lamemo, rmt; 8 steps, validation every 4) into a
 SQLite store, evaluates the LaMemo run on the test split (as trained, and once with a longer memory), and adds the

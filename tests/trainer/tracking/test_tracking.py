@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from memlm.trainer.tracking import tracker as tracking
 from memlm.trainer.config.run_config import config_from_dict, flatten
+from memlm.trainer.tracking import tracker as tracking
 from memlm.trainer.tracking.tracker import RUN_ID_FILE, Tracker
 
 
@@ -181,7 +181,8 @@ def test_unreachable_server_warns_once_and_goes_quiet(tmp_path, caplog):
         tracker.set_tags({"a": "b"})
         tracker.finish("FAILED")
     assert time.monotonic() - start < 5
-    warnings = [r for r in caplog.records if r.name == "memlm.trainer.tracking.tracker" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records
+                if r.name == "memlm.trainer.tracking.tracker" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     # The reason in words, not the request URL and urllib3's repr cut at 300 characters.
     assert warnings[0].getMessage() == (f"MLflow tracking at {uri} failed (cannot reach the server: Connection "

@@ -1,4 +1,5 @@
-"""`memlm train` with MLflow tracking on (DESIGN §4): a SQLite store in tmp_path holds the run's flattened config
+"""`memlm train` with MLflow tracking on (docs/design.md §4): a SQLite store in tmp_path holds the run's flattened
+config
 params, metrics at logged steps, artifacts (config.yaml, ds_config.json, eval JSON) and tags (arch, git revision);
 a dead tracking server costs one warning, never the training (metrics.jsonl stays complete). In-process runs.
 """

@@ -1,4 +1,5 @@
-"""`memlm ui` (DESIGN §5, §9): a real MLflow server over the given store, listening on 127.0.0.1 only, stopped with
+"""`memlm ui` (docs/design.md §5, §9): a real MLflow server over the given store, listening on 127.0.0.1 only, stopped
+with
 everything it started on SIGINT (Ctrl-C) or SIGTERM; user mistakes are one line and exit 2.
 
 One server start (~15-20 s on 2 cores) serves the whole slow test: the HTTP checks, the listening-address check,
@@ -192,8 +193,8 @@ def test_sigterm_inside_the_server_start_still_stops_the_server(store, tmp_path,
 
     import psutil
 
-    from memlm.trainer.tracking import ui
     from memlm.trainer.runtime.distributed import free_port
+    from memlm.trainer.tracking import ui
 
     started: list[subprocess.Popen] = []
     real_popen = subprocess.Popen

@@ -1,0 +1,13 @@
+"""The tiny model configs the model tests build: one builder, each test file fixing what it varies."""
+
+from __future__ import annotations
+
+from memlm.models import ModelConfig
+
+# 2 layers, d 32, 2 heads x 16, d_inner 64, vocabulary 50, N = M = 8: small enough for the slow references.
+TINY = dict(arch="txl", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, vocab_size=50, tgt_len=8, mem_len=8)
+
+
+def tiny_model_config(**fields) -> ModelConfig:
+    """TINY with `fields` replaced."""
+    return ModelConfig(**{**TINY, **fields})
