@@ -78,6 +78,7 @@ def attend(
     per_key_positions: bool = False,
     need_lognorm: bool = True,
     record: Callable[[Tensor], None] | None = None,
+    flex_block_mask=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32
     (None when need_lognorm is False: Transformer-XL and RMT discard it, and a plain softmax is cheaper).
@@ -88,7 +89,15 @@ def attend(
     log-normalisers that LaMemo caches are exact under autocast.
     record: called with the attention weights [B, H, Q, K] (before attention dropout) when given; analyses
     (`memlm analyze`) pass one through `Backbone.recorder`, everything else passes None and pays nothing.
+    flex_block_mask: `attention_flex.flex_mask(allowed, B)` when the model runs FlexAttention (model.attention);
+    this call then goes through `flex_attend`, unless it needs what only this path has (attention dropout in
+    training, recording, per-key positions).
     """
+    if flex_block_mask is not None and record is None and not per_key_positions and not (
+            dropatt.training and getattr(dropatt, "p", 0.0) > 0):
+        from .attention_flex import flex_attend
+
+        return flex_attend(q, k, v, r_k, pos_index, flex_block_mask, bias_u, bias_v, need_lognorm)
     B, Q, H, E = q.shape
     K = k.shape[1]
     scale = 1.0 / math.sqrt(E)

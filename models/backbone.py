@@ -69,6 +69,16 @@ class Backbone(nn.Module):
             return None
         return lambda tensor: recorder.add(kind, layer, tensor)
 
+    def flex_mask(self, allowed: Tensor, lanes: int):
+        """The FlexAttention mask of `allowed` for this forward when model.attention picks FlexAttention on this
+        device ("flex"; "auto" on CUDA), else None (the einsum path). Built once per forward, shared by the layers."""
+        choice = self.cfg.attention
+        if choice == "eager" or (choice == "auto" and allowed.device.type != "cuda"):
+            return None
+        from .attention_flex import flex_mask
+
+        return flex_mask(allowed, lanes)
+
     def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
         return bias[layer] if self.cfg.untie_r else bias
 

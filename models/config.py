@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 ARCHS = ("transformer", "txl", "lamemo", "rmt")
 RPE_KINDS = ("disentangled", "xl")
 BPTT_MODES = ("window", "chunk")
+ATTENTION_KERNELS = ("auto", "eager", "flex")
 RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
             "read_mem_from_cache", "cache_memory_rows")
 
@@ -38,6 +39,9 @@ class ModelConfig:
     clamp_len: int = -1  # relative distances beyond this use R(clamp_len); <= 0 means no clamping
     same_length: bool = False  # every query sees the same number of keys (Transformer-XL evaluation option)
     init_std: float = 0.02
+    # How attention runs: "eager" (einsums; the reference, and the CPU path), "flex" (FlexAttention, one fused kernel
+    # on CUDA; models/attention_flex.py), "auto" = flex on CUDA, eager elsewhere. Same function either way.
+    attention: str = "auto"
     # Adaptive input and softmax (Baevski & Auli); empty cutoffs means one plain softmax.
     d_embed: int = 0  # 0 means d_model
     cutoffs: list[int] = field(default_factory=list)
@@ -80,6 +84,9 @@ class ModelConfig:
         for name in ("dropout", "dropatt"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"model.attention: unknown kernel {self.attention!r}; "
+                              f"valid: {', '.join(ATTENTION_KERNELS)}")
         if self.init_std <= 0:
             raise ConfigError(f"model.init_std must be > 0, got {self.init_std}")
         self._validate_cutoffs()

@@ -98,6 +98,8 @@ class LaMemo(Backbone):
         r_cur = self.drop(relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype))
         key_valid = torch.cat([valid, valid.new_ones(B, N)], dim=1)  # [B, K]
         start, allowed_ahead, index_ahead = lookahead_layout(M, N, key_valid)
+        mask_cur = self.flex_mask(allowed_cur, B)  # None on the einsum path
+        mask_ahead = self.flex_mask(allowed_ahead, B) if cfg.lookahead and M and M <= N else None
         # Look-ahead distances 1..M. The authors draw a dropout mask for these encodings of their own; without
         # dropout (or in eval) they equal rows 1..M of r_cur, so the disentangled path reuses those projections.
         if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
@@ -117,7 +119,7 @@ class LaMemo(Backbone):
             q, k, v = layer.attn.project(layer.attn_input(keys_in))  # [B, K, H, E] each
             r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
             ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, u, v_left, layer.attn.dropatt,
-                                          record=self.record_to("causal", l))
+                                          record=self.record_to("causal", l), flex_block_mask=mask_cur)
 
             ctx_mem, lognorm_mem = memory.context[l].to(dtype), memory.lognorm[l]
             if cfg.lookahead:
@@ -130,7 +132,7 @@ class LaMemo(Backbone):
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
                     layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
-                    record=self.record_to("lookahead", l),
+                    record=self.record_to("lookahead", l), flex_block_mask=mask_ahead,
                 )
                 ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
                                                          record=self.record_to("alpha", l))

@@ -181,6 +181,7 @@ class RecurrentMemoryTransformer(Backbone):
         cached_rows = 2 * R + N if cfg.cache_memory_rows else N  # rows that enter the cache per segment
 
         allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache)  # [B, Q, K]
+        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
         distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
         r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))
 
@@ -194,7 +195,7 @@ class RecurrentMemoryTransformer(Backbone):
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
-                need_lognorm=False, record=self.record_to("rmt", l),
+                need_lognorm=False, record=self.record_to("rmt", l), flex_block_mask=block_mask,
             )
             h = layer.finish(h, context)
 

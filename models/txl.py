@@ -70,6 +70,7 @@ class TransformerXL(Backbone):
         h = self.embed_tokens(tokens)  # [B, N, D]
 
         allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
+        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
         pos_index = causal_index(N, M, tokens.device)  # [N, K]
         r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -84,7 +85,7 @@ class TransformerXL(Backbone):
             context, _ = attend(
                 q, k, v, layer.attn.project_positions(r), pos_index, allowed,
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
-                need_lognorm=False, record=self.record_to("causal", l),
+                need_lognorm=False, record=self.record_to("causal", l), flex_block_mask=block_mask,
             )
             h = layer.finish(h, context)
 

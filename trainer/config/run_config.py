@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from memlm.data_pipeline.config import DataConfig
-from memlm.models.config import ARCHS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
+from memlm.models.config import ARCHS, ATTENTION_KERNELS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
 
 from . import presets
 from .schema import (
@@ -190,6 +190,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ARCHS,
     "model.rpe": RPE_KINDS,
     "model.bptt_mode": BPTT_MODES,
+    "model.attention": ATTENTION_KERNELS,
     "train.schedule": SCHEDULES,
     "train.optimizer": OPTIMIZERS,
     "deepspeed.precision": PRECISIONS,

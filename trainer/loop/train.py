@@ -77,14 +77,9 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
+    _check_device(cfg, info.device)
     run_folder.claim(run_dir, resume, overwrite, info.rank)
     runtime.prepare_process(who="train")  # threads that fit this rank's cores; the op cache of this environment
-    if cfg.deepspeed.precision == "fp16" and info.device == "cpu":
-        from memlm.models.config import ConfigError
-
-        # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
-        raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
-                          "use deepspeed.precision=bf16 or fp32 on this machine")
     meta = run_meta(cfg, info.world_size, manifest)
     tag = checkpoint.latest_tag(ckpt_dir) if resume else None
     if tag is not None and not reshard:  # refuse before the (slow) engine build
@@ -94,6 +89,19 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
     return Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
+
+
+def _check_device(cfg, device: str) -> None:
+    """Settings this device cannot train with, refused in one line before anything starts."""
+    from memlm.models.config import ConfigError
+
+    if cfg.deepspeed.precision == "fp16" and device == "cpu":
+        # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
+        raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
+                          "use deepspeed.precision=bf16 or fp32 on this machine")
+    if cfg.model.attention == "flex" and device == "cpu":
+        raise ConfigError("model.attention=flex trains on CUDA GPUs only (FlexAttention has no CPU backward); use "
+                          "model.attention=auto (FlexAttention on GPUs, einsums here) or eager")
 
 
 def run_meta(cfg, world_size: int, manifest: dict) -> dict:

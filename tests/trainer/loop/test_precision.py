@@ -68,6 +68,7 @@ def test_peak_memory_metric_is_the_process_peak(data, tmp_path):
 @pytest.mark.parametrize("override,named", [
     ("deepspeed.precision=fp16", "deepspeed.precision=fp16 needs CUDA"),
     ("data.num_workers=2", "data.num_workers=2"),
+    ("model.attention=flex", "model.attention=flex trains on CUDA GPUs only"),
 ])
 def test_settings_this_machine_cannot_run_are_one_line(data, tmp_path, capsys, override, named):
     from memlm.cli import main
