@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .chunked_nll import chunked_linear_nll
+
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
     edges = [0] + list(cutoffs) + [vocab_size]
@@ -87,9 +89,11 @@ class AdaptiveLogSoftmax(nn.Module):
     logits are always its own.
     """
 
-    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int, init_std: float):
+    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int, init_std: float,
+                 head_loss: str = "auto"):
         super().__init__()
         self.vocab_size = vocab_size
+        self.head_loss = head_loss  # model.head_loss: how the training NLL's head part is computed
         self.bounds = cluster_bounds(vocab_size, cutoffs)
         self.n_clusters = len(self.bounds)
         self.shortlist = self.bounds[0][1]
@@ -151,6 +155,8 @@ class AdaptiveLogSoftmax(nn.Module):
         B, N, D = hidden.shape
         flat = hidden.reshape(B * N, D)
         head_input = self._project_in(flat, 0)
+        if targets is not None and not want_logprobs and self._chunked(hidden.device):
+            return self._target_nll_chunked(flat, head_input, targets.reshape(-1)).view(B, N), None
         head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
         logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
@@ -161,6 +167,34 @@ class AdaptiveLogSoftmax(nn.Module):
         else:
             nll = self._target_nll(flat, head_input, head, tgt)
         return nll.masked_fill(tgt < 0, 0.0).view(B, N), logprobs
+
+    def _chunked(self, device: torch.device) -> bool:
+        return self.head_loss == "chunked" or (self.head_loss == "auto" and device.type == "cuda")
+
+    def _target_nll_chunked(self, flat: Tensor, head_input: Tensor, tgt: Tensor) -> Tensor:
+        """`_target_nll` with the head's part from chunked_linear_nll: the head's [T, shortlist + C - 1] log-probs are
+        never held whole. A target in the head picks its own logit; one in tail cluster i picks the cluster's."""
+        safe = tgt.clamp(min=0)
+        weight = self.weights[0][: self.shortlist]  # the shortlist: table 0's first rows (all of it with div_val > 1)
+        bias = self.bias[: self.shortlist]
+        index = safe
+        if self.n_clusters > 1:
+            cutoffs = torch.tensor([lo for lo, _ in self.bounds[1:]], device=safe.device)
+            cluster = torch.bucketize(safe, cutoffs, right=True)  # 0 for the head, i for tail cluster i
+            index = torch.where(cluster == 0, safe, self.shortlist + cluster - 1)
+            weight = torch.cat([weight, self.cluster_weight.to(weight.dtype)])
+            bias = torch.cat([bias, self.cluster_bias.to(bias.dtype)])
+        nll = chunked_linear_nll(head_input, weight, bias, index)
+        for i in range(1, self.n_clusters):
+            lo, hi = self.bounds[i]
+            idx = ((safe >= lo) & (safe < hi)).nonzero(as_tuple=True)[0]
+            if not idx.numel():
+                continue
+            tail_input = self._tail_input(flat[idx], head_input[idx], i)
+            tail = F.log_softmax(self._cluster_logits(tail_input, i).float(), dim=-1)
+            tok = tail.gather(1, (safe[idx] - lo)[:, None]).squeeze(1)
+            nll = nll.index_add(0, idx, -tok)
+        return nll.masked_fill(tgt < 0, 0.0)
 
     def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
         """Only the clusters that hold a target are evaluated, and only on those positions."""

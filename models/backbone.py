@@ -46,7 +46,8 @@ class Backbone(nn.Module):
         self.cfg = cfg.validate()
         d_embed = cfg.embed_dim
         self.embed = AdaptiveEmbedding(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
-        self.head = AdaptiveLogSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
+        self.head = AdaptiveLogSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std,
+                                       head_loss=cfg.head_loss)
         if cfg.tie_weight:
             self.head.tie_to(self.embed)
         self.drop = nn.Dropout(cfg.dropout)

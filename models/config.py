@@ -13,6 +13,7 @@ ARCHS = ("transformer", "txl", "lamemo", "rmt")
 RPE_KINDS = ("disentangled", "xl")
 BPTT_MODES = ("window", "chunk")
 ATTENTION_KERNELS = ("auto", "eager", "flex")
+HEAD_LOSSES = ("auto", "full", "chunked")
 RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
             "read_mem_from_cache", "cache_memory_rows")
 
@@ -42,6 +43,9 @@ class ModelConfig:
     # How attention runs: "eager" (einsums; the reference, and the CPU path), "flex" (FlexAttention, one fused kernel
     # on CUDA; models/attention_flex.py), "auto" = flex on CUDA, eager elsewhere. Same function either way.
     attention: str = "auto"
+    # How training computes the softmax head's NLL: "full" (fp32 [T, V] log-probabilities), "chunked" (a chunk of rows
+    # at a time, never the whole [T, V]; models/chunked_nll.py), "auto" = chunked on CUDA. Same function either way.
+    head_loss: str = "auto"
     # Adaptive input and softmax (Baevski & Auli); empty cutoffs means one plain softmax.
     d_embed: int = 0  # 0 means d_model
     cutoffs: list[int] = field(default_factory=list)
@@ -87,6 +91,8 @@ class ModelConfig:
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"model.attention: unknown kernel {self.attention!r}; "
                               f"valid: {', '.join(ATTENTION_KERNELS)}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ConfigError(f"model.head_loss: unknown kind {self.head_loss!r}; valid: {', '.join(HEAD_LOSSES)}")
         if self.init_std <= 0:
             raise ConfigError(f"model.init_std must be > 0, got {self.init_std}")
         self._validate_cutoffs()

@@ -180,6 +180,44 @@ def test_fast_target_only_nll_equals_full_path(cutoffs, div_val, d_embed, d_proj
         torch.testing.assert_close(gp_fast[name], gp_full[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("cutoffs,div_val,d_embed,d_proj", SETTINGS, ids=IDS)
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunked_head_nll_equals_the_reference_and_the_full_gradients(cutoffs, div_val, d_embed, d_proj, tied,
+                                                                      monkeypatch):
+    """model.head_loss=chunked (the head's softmax a few rows at a time, models/chunked_nll.py), with chunks of 5
+    rows over 18: the NLL of every target equals the explicit two-level softmax, and every gradient equals the
+    full path's."""
+    from memlm.models import chunked_nll
+
+    monkeypatch.setattr(chunked_nll, "CHUNK_ROWS", 5)
+    _, head = make(cutoffs, div_val, d_embed, d_proj, tied)
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(3, 6, d_proj, generator=g)
+    targets = sample_targets(cutoffs, (3, 6), g)
+    weights = torch.linspace(0.5, 1.5, targets.numel()).view_as(targets)
+
+    results = {}
+    for kind in ("full", "chunked"):
+        head.head_loss = kind
+        head.zero_grad()
+        h = hidden.clone().requires_grad_(True)
+        nll, _ = head(h, targets, want_logprobs=False)
+        (nll * weights).sum().backward()
+        results[kind] = (nll.detach(), h.grad, {n: p.grad.clone() for n, p in head.named_parameters()
+                                                if p.grad is not None})
+    chunked, gh_chunked, gp_chunked = results["chunked"]
+    for b in range(3):
+        for n in range(6):
+            t = int(targets[b, n])
+            want = 0.0 if t < 0 else -float(ref_logprobs(head, hidden[b, n], cutoffs, div_val)[t])
+            assert float(chunked[b, n]) == pytest.approx(want, abs=1e-5), (b, n, t)
+    _, gh_full, gp_full = results["full"]
+    torch.testing.assert_close(gh_chunked, gh_full, rtol=1e-5, atol=1e-6)
+    assert gp_chunked.keys() == gp_full.keys()
+    for name in gp_full:
+        torch.testing.assert_close(gp_chunked[name], gp_full[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_fast_path_with_an_empty_cluster_and_all_ignored():
     """A tail cluster with no target is skipped; a batch of only ignored targets gives zeros."""
     _, head = make([10, 30], 2, 16, 16, tied=False)
@@ -247,3 +285,25 @@ def test_build_model_ties_or_not(cutoffs, div_val):
     assert shared > 0
     assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in tied.parameters()) == shared
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 autocast on CUDA (bench/gpu_run.sh runs this)")
+def test_gpu_chunked_head_under_bf16_autocast_matches_the_full_path():
+    """On a GPU model.head_loss=auto is chunked: under bf16 autocast its NLL and gradients match the full path's
+    (both round the same bf16 matmuls; tolerances of bf16)."""
+    _, head = make([10, 30], 1, 16, 16, tied=False)
+    head = head.cuda()
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(8, 64, 16, generator=g).cuda()
+    targets = sample_targets([10, 30], (8, 64), g).cuda()
+    results = {}
+    for kind in ("full", "chunked"):
+        head.head_loss = kind
+        head.zero_grad()
+        h = hidden.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            nll, _ = head(h, targets, want_logprobs=False)
+        nll.float().sum().backward()
+        results[kind] = (nll.float(), h.grad.float())
+    torch.testing.assert_close(results["chunked"][0], results["full"][0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(results["chunked"][1], results["full"][1], rtol=5e-2, atol=5e-3)
