@@ -61,6 +61,10 @@ class TrainConfig:
     eval_batches: int = 0  # per-rank batches per validation pass; 0 reads the whole valid split
     log_every: int = 10  # steps between metrics lines / MLflow points
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower; bit-reproducible on GPU too)
+    # torch.compile the model's forward (and so its backward) in place: every segment has the same shapes (memory
+    # buffers are full-length from step 0, masked by validity), so it compiles once, at the first steps.
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": traced, not code-generated)
     # A step whose loss or gradient norm is not finite (on any rank) is skipped; this many in a row stop the run
     max_bad_steps: int = 10
     # After SIGTERM (a scheduler's preemption) the run saves at the next step boundary; if none comes within this

@@ -92,7 +92,7 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
 
 
 def _check_device(cfg, device: str) -> None:
-    """Settings this device cannot train with, refused in one line before anything starts."""
+    """Settings this device or this torch cannot train with, refused in one line before anything starts."""
     from memlm.models.config import ConfigError
 
     if cfg.deepspeed.precision == "fp16" and device == "cpu":
@@ -102,6 +102,13 @@ def _check_device(cfg, device: str) -> None:
     if cfg.model.attention == "flex" and device == "cpu":
         raise ConfigError("model.attention=flex trains on CUDA GPUs only (FlexAttention has no CPU backward); use "
                           "model.attention=auto (FlexAttention on GPUs, einsums here) or eager")
+    if cfg.train.compile:
+        import torch._dynamo
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if cfg.train.compile_backend not in backends:  # torch.compile would say so only at the first step
+            raise ConfigError(f"train.compile_backend: torch.compile has no backend {cfg.train.compile_backend!r}; "
+                              f"try inductor (the default) or aot_eager (valid: {', '.join(backends)})")
 
 
 def run_meta(cfg, world_size: int, manifest: dict) -> dict:
@@ -173,6 +180,9 @@ class Trainer:
         # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
         seed_everything(cfg.train.seed)
         model = build_model(cfg.model)
+        if cfg.train.compile:
+            # In place: parameter names and checkpoints stay those of the plain model.
+            model.compile(dynamic=False, backend=cfg.train.compile_backend)
         seed_everything(cfg.train.seed + 1000 * self.rank)
         self.ds_conf = deepspeed_config(cfg, self.info.world_size)
         if self.rank == 0:

@@ -69,11 +69,12 @@ def test_peak_memory_metric_is_the_process_peak(data, tmp_path):
     ("deepspeed.precision=fp16", "deepspeed.precision=fp16 needs CUDA"),
     ("data.num_workers=2", "data.num_workers=2"),
     ("model.attention=flex", "model.attention=flex trains on CUDA GPUs only"),
+    ("train.compile=true train.compile_backend=tensorrt", "torch.compile has no backend 'tensorrt'"),
 ])
 def test_settings_this_machine_cannot_run_are_one_line(data, tmp_path, capsys, override, named):
     from memlm.cli import main
 
-    rc = main(["train", preset("txl"), *overrides(data), override, "--out", str(tmp_path / "run")])
+    rc = main(["train", preset("txl"), *overrides(data), *override.split(), "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and named in err and "Traceback" not in err
