@@ -15,7 +15,7 @@ BPTT_MODES = ("window", "chunk")
 ATTENTION_KERNELS = ("auto", "eager", "flex")
 HEAD_LOSSES = ("auto", "full", "chunked")
 RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
-            "read_mem_from_cache", "cache_memory_rows")
+            "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows")
 
 
 class ConfigError(ValueError):
@@ -67,7 +67,11 @@ class ModelConfig:
     aux_loss_weight: float = 0.0
     aux_token_id: int = 0
     # Transformer-XL + RMT (mem_len > 0), as the RMT authors' code ran it by default:
-    read_mem_from_cache: bool = False  # the read memory rows also attend to the Transformer-XL cache
+    # The memory rows (read AND write blocks) also attend to the Transformer-XL cache; the authors' mask hides it
+    # from both blocks unless their read_mem_from_cache is set.
+    read_mem_from_cache: bool = False
+    # Only the write rows attend to the cache (memlm's behaviour before it followed the authors' mask).
+    write_mem_from_cache: bool = False
     cache_memory_rows: bool = True  # the cache keeps the last M rows of [read | tokens | write], not tokens only
 
     @property

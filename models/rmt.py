@@ -7,13 +7,15 @@ H heads, E head width, V vocabulary.
 
 Every layer processes the sequence [read R | tokens N | write R]; the keys are [cache M | read R | tokens N |
 write R] at positions 0..K-1. Mask (see `rmt_allowed`): read rows see the read block (both directions); token
-rows are causal among tokens and see the read block, never the write block; write rows see everything. The
-cache (the past) is visible to token and write rows, and to read rows only with cfg.read_mem_from_cache. The
-write block's final outputs are the next segment's memory tokens, placed at both ends (the paper's
-H_mem_{t+1} := H_write_t). Only the token rows feed the softmax.
+rows are causal among tokens and see the read block, never the write block; write rows see the whole segment.
+The cache (the past) is visible to token rows, and to the memory rows (read and write blocks) only with
+cfg.read_mem_from_cache (cfg.write_mem_from_cache: to the write rows alone). The write block's final outputs are
+the next segment's memory tokens, placed at both ends (the paper's H_mem_{t+1} := H_write_t). Only the token rows
+feed the softmax.
 
-The Transformer-XL + RMT defaults follow the code the paper's numbers came from (the paper is silent):
-read rows do not read the cache (read_mem_from_cache: false), and the cache keeps the last M rows of the whole
+The Transformer-XL + RMT defaults follow the code the paper's numbers came from (the paper is silent): the memory
+rows do not read the cache (read_mem_from_cache: false; the authors' mask sets both the first R and the last R
+rows, booydar/LM-RMT mem_transformer.py), and the cache keeps the last M rows of the whole
 [read | tokens | write] layer input (cache_memory_rows: true); with cache_memory_rows: false it keeps token rows
 only. Either way a cached row sits at its row position: distances are row-index differences in the key list.
 Dropout is drawn over the whole [read | tokens | write] input, as the authors drop memory-token embeddings like
@@ -50,7 +52,7 @@ class RMTMemory:
 
 
 def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
-                read_mem_from_cache: bool = False) -> Tensor:
+                read_mem_from_cache: bool = False, write_mem_from_cache: bool = False) -> Tensor:
     """[B, Q, K] bool: which key each query row may attend to, for the layout in the module docstring.
 
     cache_valid [B, M] masks empty cache slots (start of a document). With same_length (and a cache) token rows
@@ -66,9 +68,12 @@ def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_leng
     q_block, k_block = q_block[:, None], k_block[None, :]
 
     token_row = q_block == TOKENS
-    cache_readers = token_row | ((q_block == READ) if read_mem_from_cache else False)  # write rows: below
+    memory_row = (q_block == READ) | (q_block == WRITE)
+    cache_readers = token_row | (memory_row if read_mem_from_cache else False)
+    if write_mem_from_cache:
+        cache_readers = cache_readers | (q_block == WRITE)
     allowed = (
-        (q_block == WRITE)  # write rows gather the whole segment and the cache
+        ((q_block == WRITE) & (k_block != CACHE))  # write rows gather the whole segment
         | ((k_block == CACHE) & cache_readers)  # the cache is the past
         | (k_block == READ)  # the read memory: visible to every row, both directions inside the block
         | (token_row & (k_block == TOKENS) & (k_pos <= q_pos))  # tokens: causal, never the write block
@@ -180,7 +185,8 @@ class RecurrentMemoryTransformer(Backbone):
         valid = reset_valid(memory.cache.valid, reset)
         cached_rows = 2 * R + N if cfg.cache_memory_rows else N  # rows that enter the cache per segment
 
-        allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache)  # [B, Q, K]
+        allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache,
+                              cfg.write_mem_from_cache)  # [B, Q, K]
         block_mask = self.flex_mask(allowed, B)  # None on the einsum path
         distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
         r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))

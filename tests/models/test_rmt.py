@@ -40,25 +40,31 @@ def nll_of(outs):
 MASK_DEFAULT = [[0, 0, 0, 1, 0, 0, 0],  # read: its own block only; the cache is not read (authors' code)
                 [1, 1, 1, 1, 1, 0, 0],  # token 0
                 [1, 1, 1, 1, 1, 1, 0],  # token 1
-                [1, 1, 1, 1, 1, 1, 1]]  # write
-MASK_READ_CACHE = [[1, 1, 1, 1, 0, 0, 0],  # read_mem_from_cache: read rows see the cache too
+                [0, 0, 0, 1, 1, 1, 1]]  # write: the whole segment; not the cache either (authors' mask)
+MASK_READ_CACHE = [[1, 1, 1, 1, 0, 0, 0],  # read_mem_from_cache: both memory blocks see the cache
                    [1, 1, 1, 1, 1, 0, 0],
                    [1, 1, 1, 1, 1, 1, 0],
                    [1, 1, 1, 1, 1, 1, 1]]
+MASK_WRITE_CACHE = [[0, 0, 0, 1, 0, 0, 0],  # write_mem_from_cache: the write rows alone see it
+                    [1, 1, 1, 1, 1, 0, 0],
+                    [1, 1, 1, 1, 1, 1, 0],
+                    [1, 1, 1, 1, 1, 1, 1]]
 # same_length: token rows drop cache/token keys >= M = 3 index positions back (t0 sits at 4, t1 at 5)
 MASK_SAME_LENGTH = [[0, 0, 0, 1, 0, 0, 0],
                     [0, 0, 1, 1, 1, 0, 0],
                     [0, 0, 0, 1, 1, 1, 0],
-                    [1, 1, 1, 1, 1, 1, 1]]
+                    [0, 0, 0, 1, 1, 1, 1]]
 
 
 @pytest.mark.parametrize(
-    "read_mem_from_cache,same_length,literal",
-    [(False, False, MASK_DEFAULT), (True, False, MASK_READ_CACHE), (False, True, MASK_SAME_LENGTH)],
+    "read_mem_from_cache,write_mem_from_cache,same_length,literal",
+    [(False, False, False, MASK_DEFAULT), (True, False, False, MASK_READ_CACHE),
+     (False, True, False, MASK_WRITE_CACHE), (False, False, True, MASK_SAME_LENGTH)],
 )
-def test_mask_literal_small_case(read_mem_from_cache, same_length, literal):
+def test_mask_literal_small_case(read_mem_from_cache, write_mem_from_cache, same_length, literal):
     valid = torch.tensor([[True, True, True], [False, True, True]])  # lane 1: slot c0 empty (document start)
-    got = rmt_allowed(1, 2, valid, same_length=same_length, read_mem_from_cache=read_mem_from_cache)
+    got = rmt_allowed(1, 2, valid, same_length=same_length, read_mem_from_cache=read_mem_from_cache,
+                      write_mem_from_cache=write_mem_from_cache)
     want = torch.tensor(literal, dtype=torch.bool)
     assert torch.equal(got[0], want)
     want_lane1 = want.clone()
@@ -66,7 +72,7 @@ def test_mask_literal_small_case(read_mem_from_cache, same_length, literal):
     assert torch.equal(got[1], want_lane1)
 
 
-def expected_mask(R, N, M, valid_row, same_length, read_mem_from_cache):
+def expected_mask(R, N, M, valid_row, same_length, read_mem_from_cache, write_mem_from_cache=False):
     """[Q, K] by hand: rows read 0..R-1, tokens R..R+N-1, write R+N..; columns cache 0..M-1, then the rows.
     Row q sits at key index M + q; distances are index differences."""
     Q = 2 * R + N
@@ -75,7 +81,7 @@ def expected_mask(R, N, M, valid_row, same_length, read_mem_from_cache):
     for q in range(Q):
         for k in range(M + Q):
             if k < M:
-                ok = bool(valid_row[k]) and (q not in reads or read_mem_from_cache)
+                ok = bool(valid_row[k]) and (q in toks or read_mem_from_cache or (q in writes and write_mem_from_cache))
             else:
                 c = k - M  # column in the segment's own layout
                 ok = q in writes or c in reads or (q in toks and c in toks and c <= q)
@@ -85,7 +91,7 @@ def expected_mask(R, N, M, valid_row, same_length, read_mem_from_cache):
     return want
 
 
-@pytest.mark.parametrize("read_mem_from_cache", [False, True])
+@pytest.mark.parametrize("read_mem_from_cache,write_mem_from_cache", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize(
     "R,N,M,valid,same_length",
     [
@@ -96,12 +102,12 @@ def expected_mask(R, N, M, valid_row, same_length, read_mem_from_cache):
         (1, 3, 6, [[0, 0, 1, 1, 1, 1]], True),
     ],
 )
-def test_attention_mask_matches_hand_rules(R, N, M, valid, same_length, read_mem_from_cache):
+def test_attention_mask_matches_hand_rules(R, N, M, valid, same_length, read_mem_from_cache, write_mem_from_cache):
     valid = torch.tensor(valid, dtype=torch.bool).view(len(valid), M)
-    got = rmt_allowed(R, N, valid, same_length, read_mem_from_cache)
+    got = rmt_allowed(R, N, valid, same_length, read_mem_from_cache, write_mem_from_cache)
     assert got.shape == (len(valid), 2 * R + N, M + 2 * R + N)
     for b in range(len(valid)):
-        want = expected_mask(R, N, M, valid[b].tolist(), same_length, read_mem_from_cache)
+        want = expected_mask(R, N, M, valid[b].tolist(), same_length, read_mem_from_cache, write_mem_from_cache)
         assert torch.equal(got[b], want), f"lane {b}"
 
 
@@ -171,6 +177,7 @@ RESETS = [None, torch.tensor([False, False, True]), torch.tensor([False, True, F
 @pytest.mark.parametrize(
     "R,mem_len,clamp_len,same_length,untie_r,pre_lnorm,read_mem_from_cache,cache_memory_rows",
     [
+        (2, 5, -1, False, False, False, "write", True),  # the write rows alone read the cache (write_mem_from_cache)
         (2, 0, -1, False, False, False, False, True),  # RMT alone
         (4, 0, 2, False, True, True, False, True),  # clamp_len < R - 1: negative distances keep their encodings
         (2, 5, -1, False, False, False, False, True),  # Tr-XL + RMT, the authors' defaults
@@ -187,7 +194,8 @@ def test_rmt_matches_row_stream_reference(R, mem_len, clamp_len, same_length, un
     torch.manual_seed(11)
     cfg = tiny(num_mem_tokens=R, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length, untie_r=untie_r,
                pre_lnorm=pre_lnorm, aux_loss_weight=0.5, aux_token_id=7, init_std=0.3,  # peaked attention
-               read_mem_from_cache=read_mem_from_cache, cache_memory_rows=cache_memory_rows)
+               read_mem_from_cache=read_mem_from_cache is True, write_mem_from_cache=read_mem_from_cache == "write",
+               cache_memory_rows=cache_memory_rows)
     model = build_model(cfg).eval()
     with torch.no_grad():  # fresh LayerNorms and biases are trivial; make the reference use them for real
         for p in model.parameters():

@@ -301,7 +301,7 @@ class RMTSegment:
 
 
 def rmt_sees(q_kind: str, q_pos: int, k_kind: str, k_pos: int, from_cache: bool, M: int, same_length: bool,
-             read_mem_from_cache: bool) -> bool:
+             read_mem_from_cache: bool, write_mem_from_cache: bool = False) -> bool:
     """Query row (kind, position in the lane's row stream) may attend key row. Kinds: "read", "tok", "write".
 
     Current segment ([RMT] lines 256-258, 289-291, Figure 6 d): read rows see the read block, both directions
@@ -309,12 +309,13 @@ def rmt_sees(q_kind: str, q_pos: int, k_kind: str, k_pos: int, from_cache: bool,
     the read block ("allows sequence tokens to attend to memory states produced at the previous segment") and
     are causal among tokens ("the causal attention mask is applied only to tokens"), never the write block
     (they would see the future); write rows "attend to all current segment tokens": the whole segment.
-    Cache (Tr-XL + RMT, lines 82-83, 433): token and write rows read it; read rows only with
-    read_mem_from_cache (the paper is silent; the authors' code does not let them, docs/design.md §3).
+    Cache (Tr-XL + RMT, lines 82-83, 433): token rows read it; the memory rows (read and write blocks) only with
+    read_mem_from_cache (the paper is silent; the authors' mask hides it from both blocks, docs/design.md §3), the
+    write rows alone with write_mem_from_cache.
     same_length (with M > 0): token rows see no cache or token key M or more rows back.
     """
     if from_cache:
-        ok = q_kind != "read" or read_mem_from_cache
+        ok = q_kind == "tok" or read_mem_from_cache or (q_kind == "write" and write_mem_from_cache)
     elif q_kind == "write":
         ok = True
     elif k_kind == "read":
@@ -383,7 +384,7 @@ def rmt_reference(model, tokens: list[int], targets: list[int], seg_len: int, do
                 scores, values = [], []
                 for k_pos, k_kind, stored, from_cache in keys:
                     if rmt_sees(kinds[p - first], p, k_kind, k_pos, from_cache, M, cfg.same_length,
-                                cfg.read_mem_from_cache):
+                                cfg.read_mem_from_cache, cfg.write_mem_from_cache):
                         _, k, val = kv[l][stored]
                         scores.append(W.score(l, q, k, u, v, clamped(p - k_pos, cfg.clamp_len)))
                         values.append(val)

@@ -199,7 +199,7 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
             "write_rows": mean[:, R + N :].round(decimals=6).tolist(),
             "mean_map": mean.round(decimals=6).tolist(),
             "allowed": rmt_allowed(R, N, torch.ones(1, M, dtype=torch.bool), cfg.same_length,
-                                   cfg.read_mem_from_cache)[0].tolist(),
+                                   cfg.read_mem_from_cache, cfg.write_mem_from_cache)[0].tolist(),
         }
     return result
 

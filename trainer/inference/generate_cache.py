@@ -186,7 +186,8 @@ class RMTDecoder(SegmentDecoder):
         self._buffers(B, M + R, device, dtype)
         learned = model.learned.fetch()
         read, _ = model.read_memory(memory, None, learned["memory_init"], dtype)  # [B, R, D]
-        self.allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache)  # [B, 2R + N, K]
+        self.allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache,
+                                   cfg.write_mem_from_cache)  # [B, 2R + N, K]
         distances, self.index = rmt_positions(R, N, M, device)  # [P], [2R + N, K]
         r = relative_encodings(distances, cfg.d_model, cfg.clamp_len, dtype)
         self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
