@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.reproduce.children import CHILDREN  # noqa: E402
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
+from bench.reproduce.experiment import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
                                     machine, memlm, read_json, run_experiment, run_queue, save_figure, shown,
                                     supervise, write_json)
 from bench.reproduce.progress import RUNS  # noqa: E402

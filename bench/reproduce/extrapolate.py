@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
+from bench.reproduce.experiment import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
                                     machine, memlm, read_json, run_experiment, shown, supervise, write_json)
 
 MULTS = {"cpu": "1-10", "cpu_long": "1,4,10", "gpu": "1-10", "smoke": "1,2"}

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError,  # noqa: E402
+from bench.reproduce.experiment import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError,  # noqa: E402
                                     add_stop_options, last_metrics, load, machine, mean_spread, median, memlm,
                                     read_json, run_experiment, run_queue, save_figure, shown, supervise, write_json)
 from bench.reproduce.progress import RUNS  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = sorted(ROOT.glob("bench/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
+ENTRY_POINTS = sorted(ROOT.glob("bench/benchmarks/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
     ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "copy_reverse", "extrapolate")]
 
 
@@ -27,7 +27,7 @@ def test_a_benchmark_stops_in_one_line(tmp_path, signum, terminal):
     tiny = ["--archs", "txl", "--dtypes", ",".join(["fp32"] * 500), "--n-layer", "1", "--d-model", "32", "--n-head",
             "2", "--d-head", "16", "--d-inner", "64", "--vocab", "100", "--batch", "2", "--tgt-len", "8",
             "--mem-len", "8", "--warmup", "1", "--steps", "3", "--threads", "1", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "bench_models.py"), *tiny], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "benchmarks" / "bench_models.py"), *tiny], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     first = proc.stdout.readline()
@@ -59,7 +59,7 @@ STUBBORN_DRIVER = '''
 import subprocess, sys
 sys.path.insert(0, {root!r})
 from bench.reproduce.children import CHILDREN
-from bench.reproduce.common import run_experiment
+from bench.reproduce.experiment import run_experiment
 
 # A child that ignores Ctrl-C, with a grandchild in a process group of its own (as Ray's processes are) doing the
 # same: only the SIGKILL after the grace period, to the whole session, ends them.

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from memlm.models import build_model, map_memory  # noqa: E402
@@ -218,6 +218,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
 
     sys.exit(stop_in_one_line(main))

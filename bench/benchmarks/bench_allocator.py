@@ -22,13 +22,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # bench.interrupt
 SETTINGS = ("system", "tuned")
 
 
 def child(args) -> None:
     """One process: apply the setting, time every (arch, dtype), print one JSON line."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "benchmarks")]
     import torch
 
     from bench_models import Runner
@@ -101,7 +102,7 @@ def main() -> None:
             **{f"{s}_page_faults_per_step": faults[s] for s in SETTINGS},
             "speedup_paired": statistics.median(a / b for a, b in zip(per["system"], per["tuned"])),
         }
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "benchmarks")]
     import torch
 
     from bench_models import cpu_info
@@ -130,6 +131,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
 
     sys.exit(stop_in_one_line(main))

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MULTS = list(range(1, 11))
@@ -225,6 +225,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
 
     raise SystemExit(stop_in_one_line(main))

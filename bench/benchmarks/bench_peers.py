@@ -46,11 +46,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # bench.interrupt
 VENV = ROOT / ".bench-venv"
 VENV_PY = VENV / "bin" / "python"
-REQUIREMENTS = ROOT / "bench" / "peers_requirements.txt"
-REQUIREMENTS_NODEPS = ROOT / "bench" / "peers_requirements_nodeps.txt"
+REQUIREMENTS = ROOT / "bench" / "benchmarks" / "peers" / "requirements.txt"
+REQUIREMENTS_NODEPS = ROOT / "bench" / "benchmarks" / "peers" / "requirements_nodeps.txt"
 TORCH_PIN = "torch==2.13.0"
 EXCLUDE_LINE = "/.bench-venv/"
 
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "benchmarks")]
     from peers import PRECISIONS, RUNNERS, Shape, make_batches
     from peers.matmul_floor import MatmulFloor
     from memlm.trainer.runtime.allocator import tune_allocator
@@ -389,6 +390,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
 
     sys.exit(stop_in_one_line(main))

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from memlm.data_pipeline.format import FORMAT_VERSION, MANIFEST  # noqa: E402
@@ -185,6 +185,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
+    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
 
     sys.exit(stop_in_one_line(main))
