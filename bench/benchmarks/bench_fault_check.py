@@ -1,8 +1,8 @@
 """Reliability figures: what the non-finite step check costs, and (with --tests) the kill matrix, numerical-fault,
 weights-only and fuzz suites' outcomes with the fuzz example counts.
 
-    .venv/bin/python bench/bench_fault_check.py                 # -> bench/results/fault_check_cpu.json
-    .venv/bin/python bench/bench_fault_check.py --tests         # also runs the four test files (minutes)
+    .venv/bin/python bench/benchmarks/bench_fault_check.py                 # -> bench/results/fault_check_cpu.json
+    .venv/bin/python bench/benchmarks/bench_fault_check.py --tests         # also runs the four test files (minutes)
 
 1. Overhead. A Trainer (real DeepSpeed engine, one process, one thread) steps with the check as shipped, and with
    `_agree` replaced by the same all-reduce of the step's figures without the check (no gradient norm, no flags),
@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads its OpenMP runtime
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm, tests.support
+
+from bench.common import RESULTS, ROOT, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 SHAPES = {
     "tiny": {},  # the tiny preset: 2 layers, d_model 32, N = M = 8, B 2
@@ -44,7 +45,7 @@ def build_trainer(data: Path, out: Path, zero: int, shape: dict):
     from memlm.trainer.runtime import distributed
     from memlm.trainer.config.run_config import load_config
     from memlm.trainer.loop.train import Trainer
-    from support.training import overrides, preset
+    from tests.support.training import overrides, preset
 
     extra = {k.replace(".", "__"): v for k, v in shape.items()}
     cfg = load_config(preset("txl"), overrides(data, deepspeed__zero_stage=zero, train__steps=10**6,
@@ -136,15 +137,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (alternating)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--tests", action="store_true", help="also run the reliability test files (minutes)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "fault_check_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "fault_check_cpu.json"))
     args = parser.parse_args()
 
     import torch
 
-    from support.training import make_data
+    from tests.support.training import make_data
 
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
+    load_before = load_average()
     results = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": 1,
                "load_average_before": load_before, "overhead": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,17 +155,14 @@ def main() -> int:
                 row = overhead(data, Path(tmp), zero, name, args.steps, args.warmup)
                 print(json.dumps(row), flush=True)
                 results["overhead"].append(row)
-    results["load_average_after_overhead"] = os.getloadavg()
+    results["load_average_after_overhead"] = load_average()
     if args.tests:
         results["tests"] = run_tests()
-        results["load_average_after_tests"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        results["load_average_after_tests"] = load_average()
+    write_result(args.out, results)
     print(f"wrote {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,8 +1,8 @@
 """Memory: per-rank model state under ZeRO 0-3 at 1 and 2 ranks, memory-state bytes per lane against the formula,
 and both at 10x memory at evaluation.
 
-    .venv/bin/python bench/bench_memory.py                     # -> bench/results/memory_cpu.json (~6.5 min, 2 cores)
-    .venv/bin/python bench/bench_memory.py --skip-zero         # only the state and evaluation figures (~2.5 min)
+    .venv/bin/python bench/benchmarks/bench_memory.py              # -> bench/results/memory_cpu.json (~6.5 min)
+    .venv/bin/python bench/benchmarks/bench_memory.py --skip-zero  # only the state and evaluation figures (~2.5 min)
 
 Bench shape (bench_trainer.py's, at N = M = 128): 4 layers, d_model 256, 4 x 64 heads, d_inner 1024, vocabulary
 8192 (one plain softmax, tied), N = M = 128, B = 8 lanes per rank, fp32, Adam (DeepSpeed's torch Adam). Corpus:
@@ -55,13 +55,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench" / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+from bench.benchmarks.bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
+from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 MiB = 2**20
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2"}  # 1 thread per process; a rank left waiting: 2 min
 
 L, D, H, E, F, V = 4, 256, 4, 64, 1024, 8192
 N = M = 128
@@ -93,12 +94,6 @@ def overrides(data: Path, arch: str, mem_len: int, **extra) -> dict:
     }
     base.update(extra)
     return base
-
-
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), DEEPSPEED_TIMEOUT="2")
-    return env
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,7 +316,7 @@ def zero_worker(args) -> None:
         "rss_before_step_mb": marks["rss_before_step"] / MiB, "rss_after_step_mb": marks["rss_after_step"] / MiB,
         "rss_end_mb": rss_bytes() / MiB, "peak_rss_mb": peak_memory_mb("cpu"),
         "metrics_peak_mem_mb": [r["peak_mem_mb"] for r in rows],
-        "losses": [r["loss"] for r in rows], "wall_s": wall, "loadavg": os.getloadavg(),
+        "losses": [r["loss"] for r in rows], "wall_s": wall, "loadavg": load_average(),
         # per-tensor rows of 64 KiB and more (the totals count every tensor)
         "inventory": {k: {"totals": inv.totals(), "tensors": [t for t in inv.rows if t["storage_bytes"] >= 65536]}
                       for k, inv in snapshots.items()},
@@ -342,8 +337,8 @@ def run_zero_case(args, data: Path, work: Path, stage: int, world: int, ds: tupl
               *(a for item in ds for a in ("--ds", item))]
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
                 if world > 1 else [sys.executable])
-    proc = subprocess.run([*launcher, *worker], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([*launcher, *worker], cwd=ROOT, env=child_env(**WORKER_ENV), capture_output=True,
+                          text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"ZeRO-{stage} at {world} rank(s) failed:\n{proc.stderr[-4000:]}")
     return [json.loads(out.with_name(f"{out.stem}-rank{r}.json").read_text()) for r in range(world)]
@@ -518,7 +513,7 @@ def eval_worker(args) -> None:
     Path(args.json).write_text(json.dumps({
         "case": label, "mem_len": mcfg.mem_len, "rss_before_mb": rss_before / MiB, "hwm_reset": hwm_reset,
         "hwm_before_mb": hwm_before / MiB, "peak_rss_mb": peak / MiB, "peak_rise_mb": (peak - rss_before) / MiB,
-        "tokens": result["tokens"], "batches": args.eval_batches, "wall_s": wall, "loadavg": os.getloadavg(),
+        "tokens": result["tokens"], "batches": args.eval_batches, "wall_s": wall, "loadavg": load_average(),
         "profile_top_ops_by_allocated_mb": top,
     }) + "\n")
 
@@ -552,7 +547,7 @@ def run_eval_case(args, data: Path, work: Path, label: str, mult: int) -> dict:
     out = work / f"eval-{label.replace(' ', '_').replace('(', '').replace(')', '').replace('=', '')}-x{mult}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "eval", "--case", label, "--mult", str(mult),
            "--data", str(data), "--eval-batches", str(args.eval_batches), "--json", str(out), "--profile"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(**WORKER_ENV), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"evaluation {label} x{mult} failed:\n{proc.stderr[-4000:]}")
     return json.loads(out.read_text())
@@ -645,7 +640,7 @@ def main() -> None:
     parser.add_argument("--skip-state", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--data", help="an already prepared WikiText-2 BPE-8k folder (else prepared here)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "memory_cpu.json"))
     # worker modes (the bench launches itself)
     parser.add_argument("--worker", choices=["zero", "eval"])
     parser.add_argument("--stage", type=int, default=0)
@@ -671,7 +666,7 @@ def main() -> None:
     report: dict = {
         "benchmark": "memory", "torch": torch.__version__, "nproc": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "threads_per_process": 1,
-        "loadavg_before": os.getloadavg(),
+        "loadavg_before": load_average(),
         "config": {"n_layer": L, "d_model": D, "n_head": H, "d_head": E, "d_inner": F, "vocab": V, "tgt_len": N,
                    "mem_len": M, "lanes_per_rank": LANES, "precision": "fp32", "optimizer": "Adam (torch_adam)",
                    "rmt_mem_tokens": R_TOKENS, "rmt_bptt_depth": K_BPTT, "eval_mem_mult": MULT,
@@ -718,17 +713,14 @@ def main() -> None:
                         "loadavg": [r["loadavg"] for r in runs]}
                 print(f"eval {label}: " + ", ".join(f"M={r['mem_len']} peak rise {r['peak_rise_mb']:.1f} MiB"
                                                    for r in report["eval"][label].values()), flush=True)
-        report["loadavg_after"] = os.getloadavg()
+        report["loadavg_after"] = load_average()
         report["wall_s"] = time.time() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_result(args.out, report)
     print_tables(report)
     print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":
-    from bench.interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM stop a benchmark in one line with the shell's status (130, 143), never a traceback, and every
-script in bench/ is run through that stop (bench/interrupt.py). The reproduction scripts, which also stop their
-children, are stopped for real in test_reproduce.py."""
+script in bench/ (the benchmarks, the reproductions, the report) is run through that stop (bench/interrupt.py). The
+reproduction scripts, which also stop their children, are stopped for real in test_reproduce.py."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_every_bench_script_stops_through_the_shared_helper():
                  and isinstance(node.func, ast.Name)} if guard else set()
         if not calls & {"stop_in_one_line", "run_experiment"}:
             bare.append(str(path.relative_to(ROOT)))
-    assert not bare, (f"{bare}: end with `from interrupt import stop_in_one_line` and "
+    assert not bare, (f"{bare}: import stop_in_one_line from bench.interrupt and end with "
                       "`sys.exit(stop_in_one_line(main))` in the __main__ block")
 
 
