@@ -9,17 +9,18 @@ Bench shape (bench_trainer.py's, at N = M = 128): 4 layers, d_model 256, 4 x 64 
 WikiText-2 (../shared/data/wikitext-2) prepared with an 8k BPE sentencepiece model, as bench_trainer.py does.
 Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core machine); load averages are recorded.
 
-1. ZeRO. One fresh process per (stage, world size): the real Trainer (trainer.loop.train.Trainer.fit, the loop of
-   `memlm train`, txl, tracking off) for --steps optimizer steps, 2 ranks under torchrun. A subclass hooks the run:
-   on the last step it takes an inventory of the model-state tensors this rank holds right before engine.step
-   (after the backward: gradients live) and right after it, and it skips the final checkpoint write (which would add
-   its own transient to the peak). Inventory: every tensor reachable from the module's parameters (p.data, and
+1. ZeRO. One fresh process per (stage, world size): the real Trainer, opened as `memlm train` opens it and stepped
+   through its public entry (open_trainer, build, train_step: trainer/loop/train.py; txl, tracking off) for --steps
+   optimizer steps, 2 ranks under torchrun, with no checkpoint at the end (fit() would write one, whose write adds
+   its own transient to the peak). After build(), the engine's step is wrapped (StepWatch): on the last step it
+   takes an inventory of the model-state tensors this rank holds right before engine.step (after the backward:
+   gradients live) and right after it. Inventory: every tensor reachable from the module's parameters (p.data, and
    ZeRO-3's partition p.ds_tensor), their .grad, the inner torch optimizer's state (Adam moments) and param groups
    (ZeRO's fp32 master partitions), then every other tensor attribute of the ZeRO optimizer (gradient partitions,
    reduction buckets); deduplicated by storage, counted as storage bytes allocated and as bytes resident
    (pages present in /proc/self/pagemap: a bucket allocated with torch.empty but never written costs address
    space, not memory). Also per rank: RSS when the process starts training (runtime imported, nothing built), the
-   peak RSS (the trainer's own peak_mem_mb, getrusage; rank 0's metrics.jsonl row is recorded too).
+   peak RSS (getrusage, as the trainer's peak_mem_mb; after every step too, the figure a metrics row reports).
    Expectation (psi parameters, 4 bytes each, W ranks): ZeRO-0 params 4psi + grads 4psi + Adam moments 8psi (the
    fp32 parameters are the master weights); ZeRO-1 params 4psi + grads 4psi + (fp32 master 4psi + moments 8psi)/W;
    ZeRO-2 also grads 4psi/W; ZeRO-3 also params 4psi/W. DeepSpeed keeps its own fp32 master copy even for an fp32
@@ -28,7 +29,8 @@ Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core mac
    Transformer-XL cache M = 128) in one process, no DeepSpeed: bytes of out.memory after two segments of real
    batches, walking the dataclass fields (numel x element size; "logical"), and the bytes of the storages those
    tensors keep alive ("retained": a slice like keys_in[:, -M:] keeps the whole [B, M + N, D] tensor), divided by
-   the lanes, against the formula from DESIGN §3 and the memory dataclasses. RMT's window BPTT replay window
+   the lanes, against the formula from the memory dataclasses (TXLMemory in models/txl.py, LaMemoMemory in
+   models/lamemo.py, RMTMemory in models/rmt.py: what each field holds per lane). RMT's window BPTT replay window
    (trainer.loop.recurrence.WindowBPTT, k = 3 segments of tokens, targets, reset flags and the caches they read) is a
    separate row. At M and at 10 x M (the configuration `memlm eval --mem-mult 10` builds).
 3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.inference.evaluate.evaluate (the loop of
@@ -255,15 +257,38 @@ def expected_bytes(psi: int, stage: int, world: int) -> dict:
 # 1. ZeRO worker: one rank of a `memlm train` run, hooked
 
 
+class StepWatch:
+    """Stands in for a built trainer's engine.step (an instance attribute shadows DeepSpeedEngine.step): on the
+    optimizer step it is armed for, the model-state inventory and the RSS right before the step (train_step calls
+    it after the backward, so the gradients are live) and right after it."""
+
+    def __init__(self, engine):
+        self.engine, self.step = engine, engine.step
+        self.armed = False
+        self.snapshots: dict[str, Inventory] = {}
+        self.rss: dict[str, int] = {}
+        engine.step = self
+
+    def __call__(self, *args, **kwargs):
+        watched = self.armed and self.engine.is_gradient_accumulation_boundary()
+        if watched:
+            self.snapshots["before_step"] = model_state_inventory(self.engine)
+            self.rss["before_step"] = rss_bytes()
+        result = self.step(*args, **kwargs)
+        if watched:
+            self.snapshots["after_step"] = model_state_inventory(self.engine)
+            self.rss["after_step"] = rss_bytes()
+        return result
+
+
 def zero_worker(args) -> None:
     import torch
 
-    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-    from memlm.trainer.runtime import distributed
     from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.loop.train import Trainer, peak_memory_mb, run_meta
+    from memlm.trainer.loop.train import open_trainer, peak_memory_mb
+    from memlm.trainer.runtime import distributed
 
-    info = distributed.setup_env()
+    distributed.setup_env()
     torch.set_num_threads(1)
     import deepspeed  # noqa: F401  (the runtime a rank carries, imported before the baseline)
 
@@ -271,57 +296,35 @@ def zero_worker(args) -> None:
     ds_settings = {f"deepspeed.{k}": int(v) for k, v in (item.split("=", 1) for item in args.ds or [])}
     cfg = config_from_dict({}, overrides(Path(args.data), "txl", M, **{
         "train.steps": args.steps, "deepspeed.zero_stage": args.stage, **ds_settings}))
-    manifest = load_manifest(cfg.data.path)
-    check_vocab_size(manifest, cfg.model.vocab_size)
-    meta = run_meta(cfg, info.world_size, manifest)
-    snapshots: dict = {}
-    marks: dict = {}
-
-    class HookedTrainer(Trainer):
-        def build(self):
-            super().build()
-            marks["rss_after_build"] = rss_bytes()
-            engine, original = self.engine, self.engine.step
-
-            def step(*a, **k):
-                last = self.step + 1 == self.cfg.train.steps
-                if last:
-                    snapshots["before_step"] = model_state_inventory(engine)
-                    marks["rss_before_step"] = rss_bytes()
-                result = original(*a, **k)
-                if last:
-                    snapshots["after_step"] = model_state_inventory(engine)
-                    marks["rss_after_step"] = rss_bytes()
-                    marks["psi"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
-                    marks["zero3_persistent_numel"] = sum(int(p.ds_numel) for p in engine.module.parameters()
-                                                          if getattr(p, "ds_persist", False))
-                return result
-
-            engine.step = step  # an instance attribute shadows DeepSpeedEngine.step
-
-        def save(self):  # no final checkpoint: its write would add its own transient to the peak
-            return None
-
-    run_dir = Path(args.run_dir)
+    # The trainer as `memlm train` runs it (data checked, run folder claimed, this process set up, then the engine,
+    # the stream and the memory), stepped here rather than by fit(): fit() ends with a checkpoint, whose write would
+    # add its own transient to the peak.
+    trainer = open_trainer(cfg, Path(args.run_dir))
+    trainer.build()
+    rss_after_build = rss_bytes()
+    watch = StepWatch(trainer.engine)
+    losses, peaks = [], []
     t0 = time.time()
-    HookedTrainer(cfg, run_dir, info, meta, manifest).fit()
+    for step in range(1, args.steps + 1):
+        watch.armed = step == args.steps
+        row = trainer.train_step()
+        losses.append(row["loss"])
+        peaks.append(peak_memory_mb(trainer.device))  # the peak_mem_mb a metrics row of `memlm train` reports
     wall = time.time() - t0
-    rows = []
-    if info.rank == 0 and (run_dir / "metrics.jsonl").is_file():
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    params = list(trainer.engine.module.parameters())
     result = {
-        "rank": info.rank, "world_size": info.world_size, "stage": args.stage, "steps": args.steps,
-        "psi": marks["psi"], "zero3_persistent_numel": marks["zero3_persistent_numel"],
-        "rss_start_mb": rss_start / MiB, "rss_after_build_mb": marks["rss_after_build"] / MiB,
-        "rss_before_step_mb": marks["rss_before_step"] / MiB, "rss_after_step_mb": marks["rss_after_step"] / MiB,
+        "rank": trainer.rank, "world_size": trainer.info.world_size, "stage": args.stage, "steps": args.steps,
+        "psi": sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
+        "zero3_persistent_numel": sum(int(p.ds_numel) for p in params if getattr(p, "ds_persist", False)),
+        "rss_start_mb": rss_start / MiB, "rss_after_build_mb": rss_after_build / MiB,
+        "rss_before_step_mb": watch.rss["before_step"] / MiB, "rss_after_step_mb": watch.rss["after_step"] / MiB,
         "rss_end_mb": rss_bytes() / MiB, "peak_rss_mb": peak_memory_mb("cpu"),
-        "metrics_peak_mem_mb": [r["peak_mem_mb"] for r in rows],
-        "losses": [r["loss"] for r in rows], "wall_s": wall, "loadavg": load_average(),
+        "metrics_peak_mem_mb": peaks, "losses": losses, "wall_s": wall, "loadavg": load_average(),
         # per-tensor rows of 64 KiB and more (the totals count every tensor)
         "inventory": {k: {"totals": inv.totals(), "tensors": [t for t in inv.rows if t["storage_bytes"] >= 65536]}
-                      for k, inv in snapshots.items()},
+                      for k, inv in watch.snapshots.items()},
     }
-    Path(args.json).with_name(f"{Path(args.json).stem}-rank{info.rank}.json").write_text(json.dumps(result) + "\n")
+    Path(args.json).with_name(f"{Path(args.json).stem}-rank{trainer.rank}.json").write_text(json.dumps(result) + "\n")
 
 
 # ZeRO-3 brought to its sharded footprint with the two settings DeepSpeed's defaults leave large (a gradient bucket
@@ -406,7 +409,8 @@ def state_bytes(state) -> tuple[int, int, dict]:
 
 
 def formula_per_lane(arch: str, mem_len: int, r_tokens: int = 0) -> dict:
-    """Bytes per lane from DESIGN §3 and the memory dataclasses (fp32 = 4 bytes, bool flags 1 byte)."""
+    """Bytes per lane from the memory dataclasses' fields (models/txl.py, lamemo.py, rmt.py; fp32 = 4 bytes, bool
+    flags 1 byte)."""
     m = mem_len
     if arch in ("transformer", "txl"):  # TXLMemory: L x [M, D] layer inputs + [M] valid
         terms = {"hidden L*M*D*4": L * m * D * 4, "valid M": m}

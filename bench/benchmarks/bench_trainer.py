@@ -6,11 +6,13 @@
 Corpus: WikiText-2 (../shared/data/wikitext-2) prepared with an 8k BPE sentencepiece model, so the model is
 bench_models.py's configuration (4 layers, d_model 256, 4 x 64 heads, d_inner 1024, V 8192, B 8, N = M = 64).
 
-1. Overhead. The trainer (DeepSpeed engine at ZeRO 0, fp32, the lane stream, memory carried and detached, loss
-   all-reduce, clipping, Adam, LR schedule, a gradient norm every --log-every steps) against a bare loop over the
-   same model and the same batches (read beforehand, so the loop does no I/O): forward with carried memory, mean
-   NLL, backward, clip, torch Adam step. Headline: the Trainer stepped one optimizer step at a time, alternating
-   step by step with the bare loop after `--warmup` steps of each; overhead = median of the per-step ratios - 1
+1. Overhead. The trainer (DeepSpeed engine at ZeRO 0, fp32, the lane stream, memory carried and detached, the
+   step's one all-reduce of its figures, the non-finite check with its gradient norm on every step, clipping, Adam,
+   LR schedule) against a bare loop over the same model and the same batches (read beforehand, so the loop does no
+   I/O): forward with carried memory, mean NLL, backward, clip, torch Adam step. Headline: the Trainer, opened and
+   stepped through its public entry (open_trainer, build, train_step: trainer/loop/train.py) one optimizer step at
+   a time, alternating step by step with the bare loop after `--warmup` steps of each; overhead = median of the
+   per-step ratios - 1
    (target < 10%): on a shared machine, separate blocks differ by +-10% in kernel time alone. Also reported:
    whole `memlm train` runs in this process (their own metrics rows: tokens_per_s of each --log-every window,
    writing the row included) against bare blocks run between them.
@@ -123,26 +125,24 @@ class BareLoop:
 
 
 class TrainerSteps:
-    """The real Trainer (engine, stream, memory, loss all-reduce, clipping, Adam, schedule) stepped one optimizer
-    step at a time, so its steps can alternate with the bare loop's. The grad norm is computed on every
-    --log-every-th step, as in a run; the metrics row itself is not written (the whole-run figure includes it)."""
+    """The real Trainer (engine, stream, memory, the step's all-reduce and non-finite check, clipping, Adam,
+    schedule), opened as `memlm train` opens it and stepped one optimizer step at a time through train_step(), so
+    its steps can alternate with the bare loop's. The metrics row itself is not written (the whole-run figure
+    includes it)."""
 
     def __init__(self, args, data: Path, arch: str, work: Path):
-        from memlm.data_pipeline.shards import load_manifest
-        from memlm.trainer.runtime import distributed
+        import torch
+
         from memlm.trainer.config.run_config import config_from_dict
-        from memlm.trainer.loop.train import Trainer
+        from memlm.trainer.loop.train import open_trainer
 
         cfg = config_from_dict({}, run_overrides(args, data, arch, 10**6))
-        manifest = load_manifest(data)
-        meta = {"world_size": 1, "arch": arch, "tokenizer": manifest["tokenizer"], "seed": cfg.train.seed}
-        self.trainer = Trainer(cfg, work / f"paired-{arch}", distributed.setup_env(), meta, manifest)
+        self.trainer = open_trainer(cfg, work / f"paired-{arch}")
+        # open_trainer fits the threads to the cores as `memlm train` does; both loops here run at --threads.
+        torch.set_num_threads(args.threads)
         self.trainer.build()
-        self.log_every, self.i = args.log_every, 0
 
     def step(self) -> float:
-        self.i += 1
-        self.trainer.norm_wanted = self.i % self.log_every == 0
         t0 = time.perf_counter()
         self.trainer.train_step()
         return time.perf_counter() - t0
@@ -234,9 +234,6 @@ def main() -> None:
 
     import torch
 
-    from memlm.trainer.runtime import distributed
-
-    distributed.setup_env()  # a plain process: the trainer's single-rank environment, once
     work = Path(tempfile.mkdtemp(prefix="bench_trainer-"))
     try:
         data = prepare_corpus(work)
