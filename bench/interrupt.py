@@ -1,11 +1,13 @@
 """Ctrl-C and SIGTERM end a benchmark or reproduction script with one line on stderr and the status a shell
 reports for them (130, 143), never a KeyboardInterrupt traceback.
 
+    from bench.interrupt import stop_in_one_line
+    ...
     if __name__ == "__main__":
-        from interrupt import stop_in_one_line
         sys.exit(stop_in_one_line(main))
 
-Standard library only: bench_peers.py re-executes itself in the peer venv, where memlm's dependencies are absent.
+Every script in bench/ ends so (tests/bench/test_bench_interrupt.py checks). Standard library only, as
+bench/common.py beside it: bench_peers.py re-executes itself in the peer venv, where memlm's dependencies are absent.
 """
 
 from __future__ import annotations

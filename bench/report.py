@@ -15,8 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.*
+
+from bench.common import RESULTS, ROOT  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 REPORT = ROOT / "bench" / "REPORT.md"
 REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_tasks")
 
@@ -34,8 +37,11 @@ def machine_line(data: dict) -> str:
     if isinstance(m, dict):
         parts = [f"{k} {m[k]}" for k in ("cpu", "cores", "python", "torch", "date") if k in m]
         return "; ".join(parts)
-    bits = [f"{k} {data[k]}" for k in ("cpu", "device", "device_name", "torch", "nproc", "cpu_count", "date")
-            if isinstance(data.get(k), (str, int, float))]
+    # The benchmark's own keys win; the date (and torch, where a script does not record it) come from the
+    # provenance that bench.common.write_result adds.
+    fields = {**{k: v for k, v in data.get("provenance", {}).items() if k in ("torch", "date")}, **data}
+    bits = [f"{k} {fields[k]}" for k in ("cpu", "device", "device_name", "torch", "nproc", "cpu_count", "date")
+            if isinstance(fields.get(k), (str, int, float))]
     return "; ".join(bits) or (str(m) if m else "not recorded")
 
 
@@ -128,7 +134,9 @@ def render() -> str:
         if not isinstance(data, dict):
             continue
         title = data.get("benchmark") or data.get("command") or path.stem
-        out += [f"### `{path.name}`: {title}", "", f"Machine: {machine_line(data)}  ", f"Load average: {load_line(data)}", ""]
+        command = data.get("provenance", {}).get("command")  # JSON written through bench.common names its command
+        out += [f"### `{path.name}`: {title}", "", *([f"Command: `{command}`  "] if command else []),
+                f"Machine: {machine_line(data)}  ", f"Load average: {load_line(data)}", ""]
         out += generic(data)
     return "\n".join(out).rstrip() + "\n"
 
@@ -151,6 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

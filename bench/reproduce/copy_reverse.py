@@ -28,12 +28,12 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, ROOT, load_average, write_json, write_result  # noqa: E402
 from bench.reproduce.children import CHILDREN  # noqa: E402
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
-                                    machine, memlm, read_json, run_experiment, run_queue, save_figure, shown,
-                                    supervise, write_json)
+from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, machine, memlm,  # noqa: E402
+                                        read_json, run_experiment, run_queue, save_figure, shown, supervise)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "reproduce" / "copy_reverse.yaml"
@@ -118,10 +118,10 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
            "sample_tokens": sample_tokens(task, length), "arch": arch, "label": label,
            "accuracy": result["accuracy"], "answer_nll": result["nll"], "scored_tokens": result["tokens"],
            "documents": result["documents"], "steps": spec["steps"], "train_seconds": round(train_s, 1),
-           "run_dir": shown(run_dir), "load_after": load()}
+           "run_dir": shown(run_dir), "load_after": load_average()}
     write_json(row_path, row)
     RUNS.finish(name, f"accuracy {row['accuracy']:.3f}, answer nll {row['answer_nll']:.3f}, {train_s / 60:.1f} min, "
-                f"load {load()[0]}")
+                f"load {load_average()[0]}")
     return row
 
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rmt_cur" in archs:  # one chain per task, after the plain runs it starts from
         jobs += [partial(curriculum, task, profile=args.profile, work=work, uri=uri, plain_queued="rmt" in archs)
                  for task in tasks]
-    started, load_start = time.time(), load()
+    started, load_start = time.time(), load_average()
     try:
         for task in tasks:  # data first, one at a time (the jobs below only read it)
             for s in spec["segments"]:
@@ -207,11 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     results, figures = (work, work) if args.profile == "smoke" else (RESULTS, FIGURES)
     figure = plot(rows, figures / f"reproduce_tasks_{args.profile}.png")
     out = args.out or results / f"reproduce_tasks_{args.profile}.json"
-    write_json(out, {"experiment": "copy_reverse", "profile": args.profile, "machine": machine(),
+    write_result(out, {"experiment": "copy_reverse", "profile": args.profile, "machine": machine(),
                      "command": f"python bench/reproduce/copy_reverse.py --profile {args.profile}",
                      "preset": shown(PRESET), "steps": spec["steps"], "segment_len": N, "jobs": args.jobs,
                      "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
-                     "load_end": load(), "figure": shown(figure), "runs": rows})
+                     "load_end": load_average(), "figure": shown(figure), "runs": rows})
     print("| task | segments | L | " + " | ".join(label for label, _ in ARCHS.values()) + " |")
     print("|---|---|---|" + "---|" * len(ARCHS))
     for task in tasks:

@@ -18,10 +18,11 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, ExperimentError, add_stop_options, load,  # noqa: E402
-                                    machine, memlm, read_json, run_experiment, shown, supervise, write_json)
+from bench.common import RESULTS, ROOT, load_average, write_result  # noqa: E402
+from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, machine, memlm,  # noqa: E402
+                                        read_json, run_experiment, shown, supervise)
 
 MULTS = {"cpu": "1-10", "cpu_long": "1,4,10", "gpu": "1-10", "smoke": "1,2"}
 ARCHS = ("txl", "lamemo")
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
               f"--profile {args.profile} first", file=sys.stderr)
         return 1
     out_dir = work / "extrapolation"
-    load_start = load()
+    load_start = load_average()
     try:
         seconds = memlm(["extrapolate", *map(str, runs), "--mult", MULTS[args.profile], "--tgt-len", "64"
                          if args.profile != "smoke" else "8", "--split", "test", "--out", str(out_dir),
@@ -73,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     figure.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out_dir / "extrapolation.png", figure)
     out = args.out or results / f"reproduce_extrapolate_{args.profile}.json"
-    write_json(out, {"experiment": "extrapolate", "profile": args.profile, "machine": machine(),
+    write_result(out, {"experiment": "extrapolate", "profile": args.profile, "machine": machine(),
                      "command": f"python bench/reproduce/extrapolate.py --profile {args.profile}",
                      "runs": [shown(r) for r in runs], "split": summary["split"], "tgt_len": summary["tgt_len"],
-                     "wall_seconds": round(seconds, 1), "load_start": load_start, "load_end": load(),
+                     "wall_seconds": round(seconds, 1), "load_start": load_start, "load_end": load_average(),
                      "figure": shown(figure), "table": table})
     print("| m | M | Transformer-XL ppl | LaMemo ppl | LaMemo - TXL |\n|---|---|---|---|---|")
     for r in table:

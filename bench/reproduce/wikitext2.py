@@ -27,16 +27,18 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import statistics
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench.reproduce.common import (FIGURES, RESULTS, ROOT, SHARED_DATA, ExperimentError,  # noqa: E402
-                                    add_stop_options, last_metrics, load, machine, mean_spread, median, memlm,
-                                    read_json, run_experiment, run_queue, save_figure, shown, supervise, write_json)
+from bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_json, write_result  # noqa: E402
+from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, last_metrics,  # noqa: E402
+                                        machine, mean_spread, memlm, read_json, run_experiment, run_queue,
+                                        save_figure, shown, supervise)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "reproduce" / "wikitext2.yaml"
@@ -79,13 +81,13 @@ def smoke_corpus(out: Path) -> Path:
     """The first SMOKE_LINES lines of each split: a few documents, in the corpus's own format."""
     out.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):
-        lines = (SHARED_DATA / "wikitext-2" / f"wiki.{split}.tokens").read_text(encoding="utf-8").splitlines(True)
+        lines = (WIKITEXT2 / f"wiki.{split}.tokens").read_text(encoding="utf-8").splitlines(True)
         (out / f"wiki.{split}.tokens").write_text("".join(lines[:SMOKE_LINES]), encoding="utf-8")
     return out
 
 
 def prepare_data(work: Path, profile: str) -> Path:
-    source = SHARED_DATA / "wikitext-2"
+    source = WIKITEXT2
     if not (source / "wiki.train.tokens").is_file():
         raise ExperimentError(f"WikiText-2 not found at {source}")
     if profile == "smoke":
@@ -115,7 +117,7 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
     overrides = spec["overrides"] + keys + (spec["rmt"] if "model.arch=rmt" in keys else []) + [
         f"train.steps={spec['steps']}", f"train.seed={seed}", f"data.path={data}", f"model.vocab_size={vocab}",
         f"tracking.uri={uri}", f"tracking.experiment={experiment}", f"tracking.run_name={name}"]
-    load_before = load()
+    load_before = load_average()
     # A training that finished while its evaluations did not (the experiment was stopped): evaluate it only.
     RUNS.start(name, ("trained earlier: " if trained else f"train {spec['steps']:,} steps, then ")
                + "eval valid and test")
@@ -128,10 +130,11 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
         evals[split] = read_json(path)
     row = summarize_run(variant, label, seed, run_dir, evals)
     row.update(train_seconds=None if train_s is None else round(train_s, 1), eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
-               load_before=load_before, load_after=load())
+               load_before=load_before, load_after=load_average())
     write_json(row_path, row)
     RUNS.finish(name, f"test ppl {row['test_ppl']:.2f}, valid ppl {row['valid_ppl']:.2f}, {row['tokens_per_s']:.0f} "
-                f"tokens/s, " + (f"{train_s / 60:.1f} min" if train_s else "evaluated only") + f", load {load()[0]}")
+                f"tokens/s, " + (f"{train_s / 60:.1f} min" if train_s else "evaluated only")
+                + f", load {load_average()[0]}")
     return row
 
 
@@ -158,7 +161,7 @@ def summarize_run(variant: str, label: str, seed: int, run_dir: Path, evals: dic
         "variant": variant, "label": label, "seed": seed, "run_dir": shown(run_dir),
         "steps": rows[-1]["step"], "tokens_seen": rows[-1]["tokens"],
         "params": param_count(cfg.model), "flops_per_token": flops_per_token(cfg.model)["total"],
-        "tokens_per_s": median([r["tokens_per_s"] for r in rows[1:]] or [rows[-1]["tokens_per_s"]]),
+        "tokens_per_s": statistics.median([r["tokens_per_s"] for r in rows[1:]] or [rows[-1]["tokens_per_s"]]),
         "train_loss_last": sum(r["loss"] for r in tail) / len(tail),
         "valid_ppl": evals["valid"]["ppl"], "test_ppl": evals["test"]["ppl"],
         "valid_tokens": evals["valid"]["tokens"], "test_tokens": evals["test"]["tokens"],
@@ -176,7 +179,7 @@ def table(rows: list[dict]) -> list[dict]:
         out.append({"variant": variant, "label": label, "seeds": [r["seed"] for r in mine],
                     "test_ppl": test, "test_ppl_spread": test_spread, "valid_ppl": valid,
                     "valid_ppl_spread": valid_spread, "test_ppl_per_seed": [r["test_ppl"] for r in mine],
-                    "tokens_per_s": median([r["tokens_per_s"] for r in mine]), "params": mine[0]["params"],
+                    "tokens_per_s": statistics.median([r["tokens_per_s"] for r in mine]), "params": mine[0]["params"],
                     "flops_per_token": mine[0]["flops_per_token"], "tokens_seen": mine[0]["tokens_seen"]})
     return out
 
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [partial(one_run, v, s, profile=args.profile, data=data, work=work, uri=uri, experiment=experiment)
                 for group in QUEUE_ORDER for s in seeds for v in group if v in variants]
         RUNS.plan(len(jobs))
-        started, load_start = time.time(), load()
+        started, load_start = time.time(), load_average()
         run_queue(jobs, args.jobs)
     except ExperimentError as err:
         print(f"wikitext2: error: {err}", file=sys.stderr)
@@ -251,12 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or results / f"reproduce_wt2_{args.profile}.json"
     figure = plot(summary, figures / f"reproduce_wt2_{args.profile}.png",
                   f"WikiText-2, {PROFILES[args.profile]['steps']:,} equal steps: test perplexity")
-    write_json(out, {"experiment": "wikitext2", "profile": args.profile, "machine": machine(),
+    write_result(out, {"experiment": "wikitext2", "profile": args.profile, "machine": machine(),
                      "command": f"python bench/reproduce/wikitext2.py --profile {args.profile}",
                      "preset": str(PRESET.relative_to(ROOT)), "profile_overrides": PROFILES[args.profile]["overrides"],
                      "steps": PROFILES[args.profile]["steps"], "jobs": args.jobs, "mlflow_experiment": experiment,
                      "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
-                     "load_end": load(), "figure": shown(figure), "table": summary, "runs": rows})
+                     "load_end": load_average(), "figure": shown(figure), "table": summary, "runs": rows})
     sys.stdout.write(markdown(summary))
     print(f"wrote {out} and {figure}")
     return 0

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM stop a benchmark in one line with the shell's status (130, 143), never a traceback, and every
-script in bench/ is run through that stop (bench/interrupt.py). The reproduction scripts, which also stop their
-children, are stopped for real in test_reproduce.py."""
+script in bench/ (the benchmarks, the reproductions, the report) is run through that stop (bench/interrupt.py). The
+reproduction scripts, which also stop their children, are stopped for real in test_reproduce.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = sorted(ROOT.glob("bench/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
+ENTRY_POINTS = sorted(ROOT.glob("bench/benchmarks/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
     ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "copy_reverse", "extrapolate")]
 
 
@@ -27,7 +27,7 @@ def test_a_benchmark_stops_in_one_line(tmp_path, signum, terminal):
     tiny = ["--archs", "txl", "--dtypes", ",".join(["fp32"] * 500), "--n-layer", "1", "--d-model", "32", "--n-head",
             "2", "--d-head", "16", "--d-inner", "64", "--vocab", "100", "--batch", "2", "--tgt-len", "8",
             "--mem-len", "8", "--warmup", "1", "--steps", "3", "--threads", "1", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "bench_models.py"), *tiny], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "benchmarks" / "bench_models.py"), *tiny], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     first = proc.stdout.readline()
@@ -51,7 +51,7 @@ def test_every_bench_script_stops_through_the_shared_helper():
                  and isinstance(node.func, ast.Name)} if guard else set()
         if not calls & {"stop_in_one_line", "run_experiment"}:
             bare.append(str(path.relative_to(ROOT)))
-    assert not bare, (f"{bare}: end with `from interrupt import stop_in_one_line` and "
+    assert not bare, (f"{bare}: import stop_in_one_line from bench.interrupt and end with "
                       "`sys.exit(stop_in_one_line(main))` in the __main__ block")
 
 
@@ -59,7 +59,7 @@ STUBBORN_DRIVER = '''
 import subprocess, sys
 sys.path.insert(0, {root!r})
 from bench.reproduce.children import CHILDREN
-from bench.reproduce.common import run_experiment
+from bench.reproduce.experiment import run_experiment
 
 # A child that ignores Ctrl-C, with a grandchild in a process group of its own (as Ray's processes are) doing the
 # same: only the SIGKILL after the grace period, to the whole session, ends them.

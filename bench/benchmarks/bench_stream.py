@@ -1,7 +1,7 @@
 """Lane-stream throughput: shards on disk -> ready [B, N] batches, in one process.
 
-    .venv/bin/python bench/bench_stream.py                       # -> bench/results/stream_cpu.json
-    .venv/bin/python bench/bench_stream.py --tokens 5e6 --repeats 3 --data DATA_DIR --split train
+    .venv/bin/python bench/benchmarks/bench_stream.py                       # -> bench/results/stream_cpu.json
+    .venv/bin/python bench/benchmarks/bench_stream.py --tokens 5e6 --repeats 3 --data DATA_DIR --split train
 
 Writes a synthetic corpus (~20M tokens by default, document lengths log-normal around a WikiText-103 article,
 vocabulary 32k so tokens are uint16 on disk, 2M-token shards) with data_pipeline.shards.write_split to a temporary
@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, ROOT, WIKITEXT2, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.data_pipeline.format import FORMAT_VERSION, MANIFEST  # noqa: E402
 from memlm.data_pipeline.shards import read_shard, write_split  # noqa: E402
 from memlm.data_pipeline.stream import LaneStream  # noqa: E402
@@ -119,7 +120,7 @@ def bench_dir(data_dir: Path, split: str, args) -> dict:
 
 
 def model_comparison(stream_tokens_per_s: float) -> dict | None:
-    path = ROOT / "bench" / "results" / "models_cpu.json"
+    path = RESULTS / "models_cpu.json"
     if not path.is_file():
         return None
     models = json.loads(path.read_text())
@@ -146,7 +147,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="also time this prepared DATA_DIR")
     parser.add_argument("--split", default="train")
     parser.add_argument("--no-wikitext2", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stream_cpu.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "stream_cpu.json")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the stream does not use torch's threads; keep the comparison honest
 
@@ -161,7 +162,7 @@ def main() -> None:
         write_synthetic(synth, int(args.tokens), int(args.shard_tokens))
         report["config"]["write_s"] = time.perf_counter() - start
         report["datasets"]["synthetic"] = bench_dir(synth, "train", args)
-        wt2 = ROOT.parent / "shared" / "data" / "wikitext-2"
+        wt2 = WIKITEXT2
         if not args.no_wikitext2 and (wt2 / "wiki.train.tokens").is_file():
             try:
                 from memlm.data_pipeline.prepare import prepare
@@ -179,12 +180,9 @@ def main() -> None:
         v = report["vs_models"]
         print(f"stream train {train / 1e6:.1f} M tokens/s vs fastest model {v['fastest_model']} "
               f"{v['model_tokens_per_s']:.0f} tokens/s: {v['ratio']:.0f}x (target >= {TARGET_RATIO:.0f}x)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_result(args.out, report)
     print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

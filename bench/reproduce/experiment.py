@@ -1,5 +1,6 @@
 """What every reproduction experiment shares: run `memlm` commands as subprocesses, a queue of them on the
-machine's cores, the machine's description, and JSON results next to the other benchmarks.
+machine's cores, the machine's description, figures beside the results (paths, result JSON and the environment of
+a command: bench/common.py, shared with the benchmarks).
 
 Each training run and each evaluation is the real command a user types (`memlm train`, `memlm eval`,
 `memlm extrapolate`, `memlm prepare`), started as its own process with one torch thread per job
@@ -18,23 +19,17 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterable
 
+from bench.common import RESULTS, ROOT, child_env
 from bench.interrupt import Stopped, stop_in_one_line
 from bench.reproduce.children import CHILDREN
 from bench.reproduce.progress import RUNS, report_every
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
 FIGURES = RESULTS / "figures"  # plots the README and REPORT.md show (committed, unlike bench/results/*.png)
-SHARED_DATA = ROOT.parent / "shared" / "data"
 MEMLM = [sys.executable, "-m", "memlm"]
 
 
 class ExperimentError(RuntimeError):
     """A command of the experiment failed; the message names it and where its log is."""
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def machine() -> dict:
@@ -47,12 +42,9 @@ def machine() -> dict:
 
 
 def job_env(threads: int = 1) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-               MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", RAY_USAGE_STATS_ENABLED="0")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-        env.pop(var, None)  # each job is a plain single-process run, whatever launched this script
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    """Each job is a plain single-process run (whatever launched this script) with THREADS torch threads."""
+    return child_env(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                     MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", RAY_USAGE_STATS_ENABLED="0")
 
 
 def memlm(args: list[str], log: Path, threads: int = 1, *, name: str, run_dir: Path | None = None,
@@ -119,12 +111,6 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def write_json(path: Path, payload: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
-    return path
-
-
 def last_metrics(run_dir: Path) -> list[dict]:
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
@@ -145,12 +131,6 @@ def shown(path: Path) -> str:
     """PATH relative to the repository when it lies inside it (results JSON stays machine-independent)."""
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def mean_spread(values: list[float]) -> tuple[float, float]:

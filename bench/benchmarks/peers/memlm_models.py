@@ -1,4 +1,4 @@
-"""memlm's own models, built through the public contract (`from models import ModelConfig, build_model`)."""
+"""memlm's own models, built through the public contract (`from memlm.models import ModelConfig, build_model`)."""
 
 from __future__ import annotations
 

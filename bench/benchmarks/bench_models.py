@@ -1,8 +1,8 @@
 """Forward + backward throughput of every architecture at one small fixed configuration.
 
-    .venv/bin/python bench/bench_models.py                     # CPU, fp32 and bf16 autocast -> bench/results/models_cpu.json
-    .venv/bin/python bench/bench_models.py --profile           # also torch.profiler tables for LaMemo and Transformer-XL
-    .venv/bin/python bench/bench_models.py --device cuda --out bench/results/models_cuda.json
+    .venv/bin/python bench/benchmarks/bench_models.py             # CPU, fp32 and bf16 -> bench/results/models_cpu.json
+    .venv/bin/python bench/benchmarks/bench_models.py --profile   # also torch.profiler tables for LaMemo and TXL
+    .venv/bin/python bench/benchmarks/bench_models.py --device cuda --out bench/results/models_cuda.json
 
 One step = forward of one segment [B, N] with the memory carried over from the previous step, mean NLL,
 backward (gradients dropped, no optimizer). The architectures are timed round-robin (one step each per round),
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -28,9 +27,10 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, ROOT, paired_ratio, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.models import ModelConfig, build_model  # noqa: E402
 from memlm.models.flops import flops_per_token, param_count  # noqa: E402
 
@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     archs = [a for a in args.archs.split(",") if a]
     dtypes = [d for d in args.dtypes.split(",") if d]
-    out_path = Path(args.out) if args.out else ROOT / "bench" / "results" / f"models_{args.device}.json"
+    out_path = Path(args.out) if args.out else RESULTS / f"models_{args.device}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     runners = {a: Runner(a, args, args.device) for a in archs}
@@ -219,9 +219,7 @@ def main(argv=None) -> dict:
         print(f"[{dtype}] {line}", flush=True)
         if "lamemo" in res and "txl" in res:
             ratio = res["lamemo"]["median_step_s"] / res["txl"]["median_step_s"]
-            paired = statistics.median(
-                a / b for a, b in zip(res["lamemo"]["step_times_s"], res["txl"]["step_times_s"])
-            )
+            paired = paired_ratio(res["lamemo"]["step_times_s"], res["txl"]["step_times_s"])
             flop_ratio = result["models"]["lamemo"]["fwd_flops_per_token_analytic"] / result["models"]["txl"]["fwd_flops_per_token_analytic"]
             result["ratios"][dtype] = {
                 "lamemo_over_txl_step_time": ratio,
@@ -236,12 +234,10 @@ def main(argv=None) -> dict:
                   f"{TARGET_LAMEMO_TXL_RATIO}x)", flush=True)
     if args.profile:
         result["profiles"] = {d: profile(runners, d, args, out_path.parent) for d in dtypes}
-    out_path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out_path, result)
     print(f"wrote {out_path}")
     return result
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,7 +1,7 @@
 """`memlm prepare` wall time on WikiText-2 (train + valid + test) against the bare floor of the same run:
 reading the three files and splitting them into words, with no vocabulary, ids, shards or hashing.
 
-    .venv/bin/python bench/bench_prepare.py            # -> bench/results/prepare_cpu.json
+    .venv/bin/python bench/benchmarks/bench_prepare.py            # -> bench/results/prepare_cpu.json
 
 Median of --repeats runs per setting (tokenizer x workers). Never part of the test suite.
 """
@@ -9,7 +9,6 @@ Median of --repeats runs per setting (tokenizer x workers). Never part of the te
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import statistics
@@ -18,12 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, WIKITEXT2, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.data_pipeline.prepare import prepare  # noqa: E402
-
-WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
 
 
 def bare_read_and_split(folder: Path) -> int:
@@ -46,7 +44,7 @@ def timed(fn, repeats: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "prepare_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "prepare_cpu.json"))
     args = parser.parse_args()
 
     floor = timed(lambda: bare_read_and_split(WIKITEXT2), args.repeats)
@@ -65,12 +63,10 @@ def main() -> int:
             }
             print(f"{tokenizer:8s} workers={workers}: {median:.2f} s ({median / results['bare_read_split_s']:.1f}x the bare read+split)")
     results.update(python=platform.python_version(), machine=platform.machine(), tokens=2_551_843)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    write_result(args.out, results)
     print(f"wrote {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    raise SystemExit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,7 +1,7 @@
 """Step time of RMT's two BPTT schedules at one config: window (the paper) against chunk (truncated BPTT).
 
-    .venv/bin/python bench/bench_rmt_bptt.py                   # -> bench/results/rmt_bptt_cpu.json
-    .venv/bin/python bench/bench_rmt_bptt.py --pairs 3 --warmup 1 --out /tmp/r.json   # a quick look
+    .venv/bin/python bench/benchmarks/bench_rmt_bptt.py                   # -> bench/results/rmt_bptt_cpu.json
+    .venv/bin/python bench/benchmarks/bench_rmt_bptt.py --pairs 3 --warmup 1 --out /tmp/r.json   # a quick look
 
 Both schedules are trainer/loop/recurrence.py's, driven with the bare model (forward, backward, clip, torch Adam), on
 the same shape as bench_models.py (4 layers, d_model 256, 4 x 64 heads, d_inner 1024, V 8192, B 8, N 64) with
@@ -16,7 +16,6 @@ uniform random ids: the cost does not depend on the text. Never part of the test
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,9 +26,10 @@ from types import SimpleNamespace
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, load_average, paired_ratio, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.models import ModelConfig, build_model  # noqa: E402
 from memlm.trainer.loop.recurrence import make_recurrence  # noqa: E402
 
@@ -73,10 +73,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--pairs", type=int, default=30)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rmt_bptt_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "rmt_bptt_cpu.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    load_before = load_average()
     torch.manual_seed(0)
     init_state = build_model(ModelConfig(**SHAPE, bptt_depth=args.depth)).state_dict()
     runners = {mode: Runner(mode, args.depth, args.lanes, init_state) for mode in ("window", "chunk")}
@@ -95,17 +95,15 @@ def main() -> None:
         rows[mode] = {"step_s_median": median, "forwards_per_step": args.depth + 1,
                       "new_tokens_per_step": inputs[mode], "tokens_per_s": inputs[mode] / median,
                       "first_loss": losses[mode][0], "last_loss": losses[mode][-1]}
-    ratios = [w / c for w, c in zip(times["window"], times["chunk"])]
     result = {
         "benchmark": "rmt_bptt", "torch": torch.__version__, "threads": args.threads, "nproc": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "loadavg_before": load_before,
         "config": {**SHAPE, "bptt_depth": args.depth, "lanes": args.lanes, "pairs": args.pairs, "warmup": args.warmup},
-        "rows": rows, "step_time_ratio_window_over_chunk": statistics.median(ratios),
+        "rows": rows, "step_time_ratio_window_over_chunk": paired_ratio(times["window"], times["chunk"]),
         "tokens_per_s_ratio_chunk_over_window": rows["chunk"]["tokens_per_s"] / rows["window"]["tokens_per_s"],
-        "loadavg_after": os.getloadavg(), "wall_s": time.perf_counter() - start,
+        "loadavg_after": load_average(), "wall_s": time.perf_counter() - start,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     for mode, row in rows.items():
         print(f"{mode:6s}: {row['step_s_median'] * 1e3:7.1f} ms/step, {row['new_tokens_per_step']} new tokens/step, "
               f"{row['tokens_per_s']:8.0f} tokens/s")
@@ -115,6 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

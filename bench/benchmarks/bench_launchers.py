@@ -1,7 +1,7 @@
 """The three launchers at the same tokens/s: plain `python -m memlm train`, `torchrun` and the `deepspeed` launcher.
 
-    .venv/bin/python bench/bench_launchers.py                     # -> bench/results/launchers_cpu.json
-    .venv/bin/python bench/bench_launchers.py --steps 10 --repeats 1 --out /tmp/l.json   # a quick look
+    .venv/bin/python bench/benchmarks/bench_launchers.py                     # -> bench/results/launchers_cpu.json
+    .venv/bin/python bench/benchmarks/bench_launchers.py --steps 10 --repeats 1 --out /tmp/l.json   # a quick look
 
 Corpus and model are bench_trainer.py's (WikiText-2 with 8k BPE; 4 layers, d_model 256, 4 x 64 heads, d_inner
 1024, N = M = 64, Transformer-XL, fp32, ZeRO-2), with the same global batch of 8 lanes everywhere: one plain
@@ -28,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench_trainer import LAUNCH_VARS, prepare_corpus, run_overrides  # noqa: E402
+from bench.benchmarks.bench_trainer import prepare_corpus, run_overrides  # noqa: E402
+from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 
@@ -56,8 +56,7 @@ def one_run(args, data: Path, work: Path, launcher: str, collapse: bool = False)
     pairs = [f"{k}={v}" for k, v in run_overrides(args, data, "txl", steps, **extra).items()]
     config = work / "empty.yaml"
     config.write_text("{}\n")
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k != "OMP_NUM_THREADS"}
-    env.update(PYTHONPATH=str(ROOT), DEEPSPEED_TIMEOUT="2")
+    env = child_env(drop=("OMP_NUM_THREADS",), DEEPSPEED_TIMEOUT="2")  # every process picks its own threads
     if collapse:
         env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))  # torch's default: a thread per core, per rank
     hostfile = work / "hostfile"
@@ -87,12 +86,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--collapse-steps", type=int, default=4, help="steps of the old-default row (0: skip it)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "launchers_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "launchers_cpu.json"))
     args = parser.parse_args()
     args.log_every = 1
     work = Path(tempfile.mkdtemp(prefix="bench_launchers-"))
     report = {"benchmark": "launchers", "nproc": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)),
-              "cpu": platform.processor() or platform.machine(), "loadavg_before": os.getloadavg(),
+              "cpu": platform.processor() or platform.machine(), "loadavg_before": load_average(),
               "config": {"model": "txl 4 x d256, 4 x 64 heads, d_inner 1024, N = M = 64, V 8192",
                          "global_lanes": args.batch, "zero_stage": 2, "steps": args.steps, "warmup": args.warmup,
                          "repeats": args.repeats, "corpus": "WikiText-2, spm-bpe 8k"}}
@@ -117,9 +116,8 @@ def main() -> None:
                   flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report["loadavg_after"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    report["loadavg_after"] = load_average()
+    write_result(args.out, report)
     rows = report["launchers"]
     print("| launcher | tokens/s | vs plain |\n|---|---|---|")
     for name, row in rows.items():
@@ -131,6 +129,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,7 +1,7 @@
 """Memory extrapolation (`memlm extrapolate`, LaMemo Figure 5): Ray tasks against one process, and cost against M.
 
-    .venv/bin/python bench/bench_extrapolate.py                       # -> bench/results/extrapolate_cpu.json
-    bash scripts/offline.sh .venv/bin/python bench/bench_extrapolate.py --repeats 1 --arch txl
+    .venv/bin/python bench/benchmarks/bench_extrapolate.py                       # -> bench/results/extrapolate_cpu.json
+    bash scripts/offline.sh .venv/bin/python bench/benchmarks/bench_extrapolate.py --repeats 1 --arch txl
 
 One small model (2 layers, d_model 128, 4 heads x 32, N = M = 64 while training, bytes vocabulary) is trained for a
 few steps by the real trainer (`memlm train`, a subprocess) on the standard library's source files (test split
@@ -35,17 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 MULTS = list(range(1, 11))
 N = 64
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "tgt_len": N, "mem_len": N}
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def prepare_run(root: Path, arch: str, held_out_bytes: int, steps: int) -> tuple[Path, int]:
@@ -59,10 +56,8 @@ def prepare_run(root: Path, arch: str, held_out_bytes: int, steps: int) -> tuple
     overrides = [f"model.{k}={v}" for k, v in MODEL.items()] + [
         f"model.arch={arch}", f"data.path={root / 'data'}", f"train.steps={steps}", "train.save_every=0",
         "train.eval_every=0", "train.log_every=1000", "tracking.enabled=false", "data.batch_size=8"]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-m", "memlm", "train", "tiny/txl", *overrides,
-                    "--out", str(run)], cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+                    "--out", str(run)], cwd=ROOT, env=child_env(), check=True, capture_output=True, text=True)
     return run, manifest["splits"]["test"]["tokens"]
 
 
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--held-out-bytes", type=int, default=12_000, help="test split size (bytes = tokens)")
     p.add_argument("--steps", type=int, default=5, help="training steps (the weights only need to exist)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "extrapolate_cpu.json"))
+    p.add_argument("--out", default=str(RESULTS / "extrapolate_cpu.json"))
     args = p.parse_args(argv)
     for key in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"):
         os.environ.setdefault(key, "true")
@@ -156,18 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         # Interleave the configurations within each repeat, so slow drifts of a shared machine hit all alike.
         for r in range(args.repeats):
             for c in cores:
-                before = load()
+                before = load_average()
                 total, per_m = sequential(run, c, tmp)
                 seq[c].append(total)
                 if c == 1:
                     per_m_runs.append(per_m)
-                loads.append({"what": f"sequential threads={c} repeat={r}", "before": before, "after": load()})
+                loads.append({"what": f"sequential threads={c} repeat={r}", "before": before, "after": load_average()})
                 print(f"repeat {r}: sequential, {c} thread(s): {total:.1f} s", flush=True)
             for c in cores:
-                before = load()
+                before = load_average()
                 ray_start, command = on_ray(run, c, tmp / f"out-{c}-{r}", uri)
                 ray_runs[c].append({"ray_start_s": ray_start, "command_s": command})
-                loads.append({"what": f"ray num_cpus={c} repeat={r}", "before": before, "after": load()})
+                loads.append({"what": f"ray num_cpus={c} repeat={r}", "before": before, "after": load_average()})
                 print(f"repeat {r}: Ray num_cpus={c}: start {ray_start:.1f} s + command {command:.1f} s", flush=True)
 
     med_seq = {c: statistics.median(v) for c, v in seq.items()}
@@ -213,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cost_at_most_linear_in_M": "time ratio <= keys ratio; linear fit r2 ~ 1, small quadratic share"},
         "loadavg": loads,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(args.out, result)
     cost = result["cost_vs_M"]
     print(json.dumps({"scaling_median": scaling, "time_ratio_m10_over_m1": cost["time_ratio_m10_over_m1"],
                       "keys_ratio": keys_ratio, "flops_ratio": cost["fwd_flops_ratio_m10_over_m1"],
@@ -225,6 +218,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    raise SystemExit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,9 +1,9 @@
 """Model FLOPs utilisation of a training step at the WikiText-103 base configuration (for a lent GPU).
 
-    python bench/bench_mfu.py                                   # cuda, bf16, transformer/txl/lamemo/rmt -> results/mfu_cuda.json
-    python bench/bench_mfu.py --precision fp32 --out bench/results/mfu_cuda_fp32.json   # fp32 (tf32 matmuls)
-    python bench/bench_mfu.py --archs txl --steps 10 --profile bench/results/profile_txl_bf16_cuda.txt
-    python bench/bench_mfu.py --device cpu --n-layer 2 --lanes 2 --steps 3 --out /tmp/mfu.json   # smoke run on CPU
+    python bench/benchmarks/bench_mfu.py     # cuda, bf16, transformer/txl/lamemo/rmt -> bench/results/mfu_cuda.json
+    python bench/benchmarks/bench_mfu.py --precision fp32 --out bench/results/mfu_cuda_fp32.json   # fp32 (tf32 matmuls)
+    python bench/benchmarks/bench_mfu.py --archs txl --steps 10 --profile bench/results/profile_txl_bf16_cuda.txt
+    python bench/benchmarks/bench_mfu.py --device cpu --n-layer 2 --lanes 2 --steps 3 --out /tmp/mfu.json  # CPU smoke
 
 A step is what the trainer does per micro-batch, without DeepSpeed: forward of one [B, N] segment with the memory
 carried from the previous one (bf16 autocast; LaMemo keeps S and alpha in fp32), mean NLL, backward, gradient
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
+from bench.common import RESULTS, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.models import build_model, map_memory  # noqa: E402
 from memlm.models.config import ModelConfig  # noqa: E402
 from memlm.models.flops import flops_per_token  # noqa: E402
@@ -209,15 +210,12 @@ def main() -> None:
         Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
         Path(args.profile).write_text("")
     rows = [bench_arch(arch, args) for arch in args.archs]
-    out = Path(args.out or ROOT / "bench" / "results" / f"mfu_{args.device.split(':')[0]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "mfu", "torch": torch.__version__, "device": device_info(args.device),
-                               "precision": args.precision, "target_mfu_h100": 0.40,
-                               "config": {**WT103_BASE, **{k: v for k, v in vars(args).items() if v or k not in WT103_BASE}}, "rows": rows}, indent=2) + "\n")
+    config = {**WT103_BASE, **{k: v for k, v in vars(args).items() if v or k not in WT103_BASE}}
+    out = write_result(args.out or RESULTS / f"mfu_{args.device.split(':')[0]}.json",
+                       {"benchmark": "mfu", "torch": torch.__version__, "device": device_info(args.device),
+                        "precision": args.precision, "target_mfu_h100": 0.40, "config": config, "rows": rows})
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

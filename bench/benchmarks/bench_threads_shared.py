@@ -1,7 +1,7 @@
 """Threads on a shared machine: tokens/s with the cores to itself against one busy single-threaded process beside it.
 
-    .venv/bin/python bench/bench_threads_shared.py                  # -> bench/results/threads_shared.json
-    .venv/bin/python bench/bench_threads_shared.py --repeats 1 --secs 2 --out /tmp/t.json   # a quick look
+    .venv/bin/python bench/benchmarks/bench_threads_shared.py                  # -> bench/results/threads_shared.json
+    .venv/bin/python bench/benchmarks/bench_threads_shared.py --repeats 1 --secs 2 --out /tmp/t.json   # a quick look
 
 Workloads, each in a fresh process (OpenMP reads its settings once, when torch loads), through memlm's public
 functions after `prepare_process` (the thread choice every memlm command makes, printed as `memlm bench: ...`):
@@ -45,14 +45,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench_trainer import LAUNCH_VARS, WIKITEXT, BareLoop, collect_batches, prepare_corpus  # noqa: E402
+from bench.benchmarks.bench_trainer import BareLoop, collect_batches, prepare_corpus  # noqa: E402
+from bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
-# Left out of every worker's environment: the thread and waiting choices are the settings' to make.
-DROPPED_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "LOCAL_SIZE", *LAUNCH_VARS)
+# Left out of every worker's environment (besides a launcher's): the thread and waiting choices are the settings'.
+DROPPED_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "LOCAL_SIZE")
 BUSY_LOOP = "while True: pass"
 QUIET = 0.15  # cores busy with other work below which the machine counts as idle
 
@@ -130,10 +130,10 @@ def worker(args) -> None:
 def prepare_data(folder: Path) -> Path:
     from memlm.data_pipeline.prepare import prepare
 
-    if not (WIKITEXT / "wiki.test.tokens").is_file():
-        sys.exit(f"bench_threads_shared: WikiText-2 not found at {WIKITEXT}")
+    if not (WIKITEXT2 / "wiki.test.tokens").is_file():
+        sys.exit(f"bench_threads_shared: WikiText-2 not found at {WIKITEXT2}")
     if not (folder / "wt2-word" / "manifest.json").is_file():
-        prepare("wikitext", WIKITEXT, folder / "wt2-word", tokenizer="word", workers=1, progress=False)
+        prepare("wikitext", WIKITEXT2, folder / "wt2-word", tokenizer="word", workers=1, progress=False)
     if not (folder / "wt2-bpe8k" / "manifest.json").is_file():
         prepare_corpus(folder)
     return folder
@@ -141,8 +141,7 @@ def prepare_data(folder: Path) -> Path:
 
 def setting_env(setting: str) -> tuple[dict, list[str]]:
     """The worker's environment and extra flags for one setting (the user's thread variables removed first)."""
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_VARS}
-    env["PYTHONPATH"] = str(ROOT)
+    env = child_env(drop=DROPPED_VARS)
     if setting == "one":
         env["OMP_NUM_THREADS"] = "1"
     elif setting == "passive":
@@ -193,7 +192,7 @@ def one_run(args, workload: str, sharing: str, setting: str) -> dict:
     env, flags = setting_env(setting)
     cmd = [sys.executable, __file__, "--worker", workload, "--data", str(args.data), "--secs", str(args.secs),
            "--warmup", str(args.warmup), *flags]
-    load = os.getloadavg()[0]
+    load = load_average()[0]
     others = wait_for_quiet(args.quiet_wait if sharing == "idle" else 0.0)
     busy = start_busy(sharing)
     try:
@@ -274,7 +273,7 @@ def main() -> None:
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds an idle run may wait for the cores to be free of other work")
     parser.add_argument("--timeout", type=float, default=300.0, help="a run still going after this is recorded as timed out")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "threads_shared.json"))
+    parser.add_argument("--out", default=str(RESULTS / "threads_shared.json"))
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -285,7 +284,7 @@ def main() -> None:
     workloads, settings, sharings = (s.split(",") for s in (args.workloads, args.settings, args.sharing))
     with tempfile.TemporaryDirectory(prefix="memlm-bench-threads-") as tmp:
         args.data = prepare_data(Path(args.data or tmp))
-        started, load_before, runs = time.time(), os.getloadavg(), []
+        started, load_before, runs = time.time(), load_average(), []
         for rep in range(args.repeats):
             for workload in workloads:
                 for sharing in rotated(sharings, rep):
@@ -304,15 +303,12 @@ def main() -> None:
         "benchmark": "threads_shared", "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
         "affinity_cores": len(os.sched_getaffinity(0)), "secs": args.secs, "warmup": args.warmup,
         "eval_batches": args.eval_batches, "quiet_wait": args.quiet_wait,
-        "repeats": args.repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "repeats": args.repeats, "loadavg_before": load_before, "loadavg_after": load_average(),
         "wall_s": time.time() - started, "summary": table, "runs": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,4 +1,5 @@
-"""Adapters for the peer benchmark (bench/bench_peers.py): one `Runner` per model, all under one training step.
+"""Adapters for the peer benchmark (bench/benchmarks/bench_peers.py): one `Runner` per model, all under one
+training step.
 
 Imported only from the benchmark environment (.bench-venv), where the peer libraries are installed; memlm itself
 comes from the repository through sys.path.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU procedure of bench/README.md's GPU section, in one command on a lent GPU machine (no registry there).
 #
-#   bash bench/gpu_run.sh [PHASES...]        # default: env mfu trainer fp32 aligned compile
+#   bash bench/benchmarks/gpu_run.sh [PHASES...]        # default: env mfu trainer fp32 aligned compile
 #
 # Needs, in the repository root: .whl/ (deepspeed 0.19.8 and what it and webdataset need that the machine lacks, see
 # bench/README.md) and .gpudata/wikitext-2 (memlm prepare --corpus wikitext --tokenizer word). Writes under $OUT
@@ -11,9 +11,9 @@
 # BUDGET (seconds, default 530): no phase or trainer run starts after it, so the whole ends inside a 600 s call.
 # CPU smoke run of the flow (no wheels needed where the venv has them):
 #   OUT=/tmp/gout MFU_ARGS="--device cpu --n-layer 2 --lanes 2 --steps 2 --warmup 1" TRAINER_ARGS="--size tiny" \
-#     TRAINER_PHASES="resume timing" PATH=.venv/bin:$PATH bash bench/gpu_run.sh mfu trainer
+#     TRAINER_PHASES="resume timing" PATH=.venv/bin:$PATH bash bench/benchmarks/gpu_run.sh mfu trainer
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_run.log") 2>&1
@@ -61,7 +61,7 @@ EOF
     ;;
   mfu)
     stamp "mfu bf16 (+ profile of txl and lamemo)"
-    python3 bench/bench_mfu.py --out "$OUT/mfu_cuda.json" --profile "$OUT/profile_bf16_cuda.txt" \
+    python3 bench/benchmarks/bench_mfu.py --out "$OUT/mfu_cuda.json" --profile "$OUT/profile_bf16_cuda.txt" \
       --profile-archs txl lamemo --profile-steps 5 ${MFU_ARGS:-}
     ;;
   trainer)
@@ -73,26 +73,26 @@ from deepspeed.accelerator import get_accelerator
 get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
 " > "$RUNS/fused_build.log" 2>&1
       rc=$?; echo "rc $rc, $(( $(date +%s) - t0 )) s" > "$RUNS/fused_ready" ) &
-    python3 bench/bench_gpu_trainer.py --data .gpudata/wikitext-2 --runs "$RUNS" --out "$OUT/${TRAINER_JSON:-trainer_cuda.json}" \
+    python3 bench/benchmarks/bench_gpu_trainer.py --data .gpudata/wikitext-2 --runs "$RUNS" --out "$OUT/${TRAINER_JSON:-trainer_cuda.json}" \
       --phases ${TRAINER_PHASES:-resume timing fused} ${TRAINER_ARGS:-} --fused-ready "$RUNS/fused_ready" --deadline "$((DEADLINE - 30))"
     echo "fused build: $(cat "$RUNS/fused_ready" 2>/dev/null)"; tail -5 "$RUNS/fused_build.log" 2>/dev/null
     ;;
   fp32)
     if [ "$(left)" -lt 70 ]; then stamp "skip fp32: $(left) s left"; continue; fi
     stamp "mfu fp32 (tf32 matmuls)"
-    timeout $(( $(left) - 10 )) python3 bench/bench_mfu.py --precision fp32 --out "$OUT/mfu_cuda_fp32.json" ${MFU_ARGS:-}
+    timeout $(( $(left) - 10 )) python3 bench/benchmarks/bench_mfu.py --precision fp32 --out "$OUT/mfu_cuda_fp32.json" ${MFU_ARGS:-}
     ;;
   compile)
     for arch in txl lamemo; do
       if [ "$(left)" -lt 100 ]; then stamp "skip compile $arch: $(left) s left"; continue; fi
       stamp "mfu bf16, torch.compile, $arch"
-      timeout $(( $(left) - 5 )) python3 bench/bench_mfu.py --compile --archs $arch --out "$OUT/mfu_cuda_compile_$arch.json" ${MFU_ARGS:-}
+      timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_mfu.py --compile --archs $arch --out "$OUT/mfu_cuda_compile_$arch.json" ${MFU_ARGS:-}
     done
     ;;
   aligned)
     if [ "$(left)" -lt 60 ]; then stamp "skip aligned: $(left) s left"; continue; fi
     stamp "mfu bf16 at a tensor-core-aligned shape (d_model 512, 8 x 64, d_inner 2048), txl and lamemo"
-    timeout $(( $(left) - 5 )) python3 bench/bench_mfu.py --d-model 512 --n-head 8 --d-head 64 --d-inner 2048 \
+    timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_mfu.py --d-model 512 --n-head 8 --d-head 64 --d-inner 2048 \
       --archs txl lamemo --out "$OUT/mfu_cuda_aligned.json" ${MFU_ARGS:-}
     ;;
   *) echo "unknown phase $phase" ;;

@@ -1,8 +1,8 @@
 """Generation speed: `trainer.inference.generate` (incremental cache inside a segment) against a naive loop that reruns the
 whole segment for every new token, per architecture, and Hugging Face TransfoXL's `generate` at the same shape.
 
-    .venv/bin/python bench/bench_generate.py                 # -> bench/results/generate_cpu.json
-    .venv/bin/python bench/bench_generate.py --tokens 64 --repeats 1 --no-hf
+    .venv/bin/python bench/benchmarks/bench_generate.py                 # -> bench/results/generate_cpu.json
+    .venv/bin/python bench/benchmarks/bench_generate.py --tokens 64 --repeats 1 --no-hf
 
 Shape: the demo's models (2 layers, d_model 128, 4 heads x 32, d_inner 512, N = M = 64, bytes vocabulary 256);
 RMT with 4 memory tokens (no cache) and Transformer-XL + RMT (cache M = 64, 4 memory tokens). Weights are random:
@@ -12,7 +12,7 @@ through the model's forward, the rest incrementally) and samples --tokens tokens
 - naive: the same sampling, but each token's log-probabilities come from the model's forward over the current
   segment (padded to N: LaMemo's look-ahead window depends on N) from the memory the segment started with; a full
   segment's forward gives the next memory, as in memlm. Both produce the same tokens (checked: `same_text`).
-- HF TransfoXL (transformers 4.34.1 in the peer venv, /work/main/.bench-venv, a subprocess): `generate` with
+- HF TransfoXL (transformers 4.34.1 in the peer venv, ./.bench-venv, a subprocess): `generate` with
   do_sample, top_p 0.9, from a prompt of 100 random ids, same width/depth/heads/M; its memory slides by one token
   per step (HF keeps the last mem_len positions), so each token attends to M + 1 keys; ours to M + t (t <= N).
 Archs are timed round-robin, --repeats times (default 5; medians, and the median of per-round naive/memlm
@@ -32,8 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+from bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "tgt_len": 64, "vocab_size": 256,
          "dropout": 0.0, "dropatt": 0.0}
@@ -46,10 +48,6 @@ ARCHS = {
 }
 PROMPT = "def generate(self, prompt, tokens):\n    # a prompt of one hundred bytes, more than a segment of 64\n  "
 HF_VENV = ROOT / ".bench-venv" / "bin" / "python"
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def naive_stream(model, tokenizer, prompt: str, tokens: int, top_p: float, seed: int) -> str:
@@ -116,7 +114,7 @@ print(json.dumps({"seconds": times[1:], "library": f"transformers=={transformers
 
 def bench_hf(tokens: int, repeats: int, threads: int) -> dict:
     if not HF_VENV.is_file():
-        return {"skipped": f"{HF_VENV} is missing (bench/peers_requirements.txt)"}
+        return {"skipped": f"{HF_VENV} is missing (bench/benchmarks/peers/requirements.txt)"}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     proc = subprocess.run([str(HF_VENV), "-c", HF_SCRIPT, str(threads), str(tokens), str(repeats)],
                           capture_output=True, text=True, env=env, timeout=1200)
@@ -135,7 +133,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--archs", default=",".join(ARCHS))
     parser.add_argument("--no-hf", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "generate_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "generate_cpu.json"))
     args = parser.parse_args(argv)
 
     import torch
@@ -153,7 +151,7 @@ def main(argv=None) -> dict:
     times = {name: {"memlm": [], "naive": []} for name in models}
     texts: dict[str, dict[str, str]] = {name: {} for name in models}
     settings = dict(tokens=args.tokens, top_p=0.9, seed=0)
-    load_before = load()
+    load_before = load_average()
     for repeat in range(args.repeats + 1):  # round 0 warms up
         for name, model in models.items():
             for method in ("memlm", "naive"):
@@ -166,7 +164,7 @@ def main(argv=None) -> dict:
                 if repeat:
                     times[name][method].append(elapsed)
                 texts[name][method] = text
-    load_after = load()
+    load_after = load_average()
     results = {}
     for name in models:
         row = {"config": ARCHS[name]}
@@ -175,7 +173,7 @@ def main(argv=None) -> dict:
             row[method] = {"seconds": times[name][method], "median_s": median, "tokens_per_s": args.tokens / median}
         row["speedup"] = row["naive"]["median_s"] / row["memlm"]["median_s"]
         # per-round ratio (memlm and naive timed back to back): the figure least disturbed by other processes
-        row["speedup_paired"] = statistics.median(n / m for n, m in zip(times[name]["naive"], times[name]["memlm"]))
+        row["speedup_paired"] = paired_ratio(times[name]["naive"], times[name]["memlm"])
         row["same_text"] = texts[name]["memlm"] == texts[name]["naive"]
         results[name] = row
     hf = None if args.no_hf else bench_hf(args.tokens, args.repeats, args.threads)
@@ -186,9 +184,7 @@ def main(argv=None) -> dict:
         "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "time_includes": "prompt feed (100 bytes) + sampling + detokenization",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_result(args.out, report)
     print(f"{'arch':12s} {'memlm tok/s':>12s} {'naive tok/s':>12s} {'speedup':>8s} {'paired':>7s} same_text")
     for name, row in results.items():
         print(f"{name:12s} {row['memlm']['tokens_per_s']:12.1f} {row['naive']['tokens_per_s']:12.1f} "
@@ -202,6 +198,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

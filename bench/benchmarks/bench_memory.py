@@ -1,25 +1,26 @@
 """Memory: per-rank model state under ZeRO 0-3 at 1 and 2 ranks, memory-state bytes per lane against the formula,
 and both at 10x memory at evaluation.
 
-    .venv/bin/python bench/bench_memory.py                     # -> bench/results/memory_cpu.json (~6.5 min, 2 cores)
-    .venv/bin/python bench/bench_memory.py --skip-zero         # only the state and evaluation figures (~2.5 min)
+    .venv/bin/python bench/benchmarks/bench_memory.py              # -> bench/results/memory_cpu.json (~6.5 min)
+    .venv/bin/python bench/benchmarks/bench_memory.py --skip-zero  # only the state and evaluation figures (~2.5 min)
 
 Bench shape (bench_trainer.py's, at N = M = 128): 4 layers, d_model 256, 4 x 64 heads, d_inner 1024, vocabulary
 8192 (one plain softmax, tied), N = M = 128, B = 8 lanes per rank, fp32, Adam (DeepSpeed's torch Adam). Corpus:
 WikiText-2 (../shared/data/wikitext-2) prepared with an 8k BPE sentencepiece model, as bench_trainer.py does.
 Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core machine); load averages are recorded.
 
-1. ZeRO. One fresh process per (stage, world size): the real Trainer (trainer.loop.train.Trainer.fit, the loop of
-   `memlm train`, txl, tracking off) for --steps optimizer steps, 2 ranks under torchrun. A subclass hooks the run:
-   on the last step it takes an inventory of the model-state tensors this rank holds right before engine.step
-   (after the backward: gradients live) and right after it, and it skips the final checkpoint write (which would add
-   its own transient to the peak). Inventory: every tensor reachable from the module's parameters (p.data, and
+1. ZeRO. One fresh process per (stage, world size): the real Trainer, opened as `memlm train` opens it and stepped
+   through its public entry (open_trainer, build, train_step: trainer/loop/train.py; txl, tracking off) for --steps
+   optimizer steps, 2 ranks under torchrun, with no checkpoint at the end (fit() would write one, whose write adds
+   its own transient to the peak). After build(), the engine's step is wrapped (StepWatch): on the last step it
+   takes an inventory of the model-state tensors this rank holds right before engine.step (after the backward:
+   gradients live) and right after it. Inventory: every tensor reachable from the module's parameters (p.data, and
    ZeRO-3's partition p.ds_tensor), their .grad, the inner torch optimizer's state (Adam moments) and param groups
    (ZeRO's fp32 master partitions), then every other tensor attribute of the ZeRO optimizer (gradient partitions,
    reduction buckets); deduplicated by storage, counted as storage bytes allocated and as bytes resident
    (pages present in /proc/self/pagemap: a bucket allocated with torch.empty but never written costs address
    space, not memory). Also per rank: RSS when the process starts training (runtime imported, nothing built), the
-   peak RSS (the trainer's own peak_mem_mb, getrusage; rank 0's metrics.jsonl row is recorded too).
+   peak RSS (getrusage, as the trainer's peak_mem_mb; after every step too, the figure a metrics row reports).
    Expectation (psi parameters, 4 bytes each, W ranks): ZeRO-0 params 4psi + grads 4psi + Adam moments 8psi (the
    fp32 parameters are the master weights); ZeRO-1 params 4psi + grads 4psi + (fp32 master 4psi + moments 8psi)/W;
    ZeRO-2 also grads 4psi/W; ZeRO-3 also params 4psi/W. DeepSpeed keeps its own fp32 master copy even for an fp32
@@ -28,7 +29,8 @@ Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core mac
    Transformer-XL cache M = 128) in one process, no DeepSpeed: bytes of out.memory after two segments of real
    batches, walking the dataclass fields (numel x element size; "logical"), and the bytes of the storages those
    tensors keep alive ("retained": a slice like keys_in[:, -M:] keeps the whole [B, M + N, D] tensor), divided by
-   the lanes, against the formula from DESIGN §3 and the memory dataclasses. RMT's window BPTT replay window
+   the lanes, against the formula from the memory dataclasses (TXLMemory in models/txl.py, LaMemoMemory in
+   models/lamemo.py, RMTMemory in models/rmt.py: what each field holds per lane). RMT's window BPTT replay window
    (trainer.loop.recurrence.WindowBPTT, k = 3 segments of tokens, targets, reset flags and the caches they read) is a
    separate row. At M and at 10 x M (the configuration `memlm eval --mem-mult 10` builds).
 3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.inference.evaluate.evaluate (the loop of
@@ -55,13 +57,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+from bench.benchmarks.bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
+from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 MiB = 2**20
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2"}  # 1 thread per process; a rank left waiting: 2 min
 
 L, D, H, E, F, V = 4, 256, 4, 64, 1024, 8192
 N = M = 128
@@ -93,12 +96,6 @@ def overrides(data: Path, arch: str, mem_len: int, **extra) -> dict:
     }
     base.update(extra)
     return base
-
-
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), DEEPSPEED_TIMEOUT="2")
-    return env
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,15 +257,38 @@ def expected_bytes(psi: int, stage: int, world: int) -> dict:
 # 1. ZeRO worker: one rank of a `memlm train` run, hooked
 
 
+class StepWatch:
+    """Stands in for a built trainer's engine.step (an instance attribute shadows DeepSpeedEngine.step): on the
+    optimizer step it is armed for, the model-state inventory and the RSS right before the step (train_step calls
+    it after the backward, so the gradients are live) and right after it."""
+
+    def __init__(self, engine):
+        self.engine, self.step = engine, engine.step
+        self.armed = False
+        self.snapshots: dict[str, Inventory] = {}
+        self.rss: dict[str, int] = {}
+        engine.step = self
+
+    def __call__(self, *args, **kwargs):
+        watched = self.armed and self.engine.is_gradient_accumulation_boundary()
+        if watched:
+            self.snapshots["before_step"] = model_state_inventory(self.engine)
+            self.rss["before_step"] = rss_bytes()
+        result = self.step(*args, **kwargs)
+        if watched:
+            self.snapshots["after_step"] = model_state_inventory(self.engine)
+            self.rss["after_step"] = rss_bytes()
+        return result
+
+
 def zero_worker(args) -> None:
     import torch
 
-    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-    from memlm.trainer.runtime import distributed
     from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.loop.train import Trainer, peak_memory_mb, run_meta
+    from memlm.trainer.loop.train import open_trainer, peak_memory_mb
+    from memlm.trainer.runtime import distributed
 
-    info = distributed.setup_env()
+    distributed.setup_env()
     torch.set_num_threads(1)
     import deepspeed  # noqa: F401  (the runtime a rank carries, imported before the baseline)
 
@@ -276,57 +296,35 @@ def zero_worker(args) -> None:
     ds_settings = {f"deepspeed.{k}": int(v) for k, v in (item.split("=", 1) for item in args.ds or [])}
     cfg = config_from_dict({}, overrides(Path(args.data), "txl", M, **{
         "train.steps": args.steps, "deepspeed.zero_stage": args.stage, **ds_settings}))
-    manifest = load_manifest(cfg.data.path)
-    check_vocab_size(manifest, cfg.model.vocab_size)
-    meta = run_meta(cfg, info.world_size, manifest)
-    snapshots: dict = {}
-    marks: dict = {}
-
-    class HookedTrainer(Trainer):
-        def build(self):
-            super().build()
-            marks["rss_after_build"] = rss_bytes()
-            engine, original = self.engine, self.engine.step
-
-            def step(*a, **k):
-                last = self.step + 1 == self.cfg.train.steps
-                if last:
-                    snapshots["before_step"] = model_state_inventory(engine)
-                    marks["rss_before_step"] = rss_bytes()
-                result = original(*a, **k)
-                if last:
-                    snapshots["after_step"] = model_state_inventory(engine)
-                    marks["rss_after_step"] = rss_bytes()
-                    marks["psi"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
-                    marks["zero3_persistent_numel"] = sum(int(p.ds_numel) for p in engine.module.parameters()
-                                                          if getattr(p, "ds_persist", False))
-                return result
-
-            engine.step = step  # an instance attribute shadows DeepSpeedEngine.step
-
-        def save(self):  # no final checkpoint: its write would add its own transient to the peak
-            return None
-
-    run_dir = Path(args.run_dir)
+    # The trainer as `memlm train` runs it (data checked, run folder claimed, this process set up, then the engine,
+    # the stream and the memory), stepped here rather than by fit(): fit() ends with a checkpoint, whose write would
+    # add its own transient to the peak.
+    trainer = open_trainer(cfg, Path(args.run_dir))
+    trainer.build()
+    rss_after_build = rss_bytes()
+    watch = StepWatch(trainer.engine)
+    losses, peaks = [], []
     t0 = time.time()
-    HookedTrainer(cfg, run_dir, info, meta, manifest).fit()
+    for step in range(1, args.steps + 1):
+        watch.armed = step == args.steps
+        row = trainer.train_step()
+        losses.append(row["loss"])
+        peaks.append(peak_memory_mb(trainer.device))  # the peak_mem_mb a metrics row of `memlm train` reports
     wall = time.time() - t0
-    rows = []
-    if info.rank == 0 and (run_dir / "metrics.jsonl").is_file():
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    params = list(trainer.engine.module.parameters())
     result = {
-        "rank": info.rank, "world_size": info.world_size, "stage": args.stage, "steps": args.steps,
-        "psi": marks["psi"], "zero3_persistent_numel": marks["zero3_persistent_numel"],
-        "rss_start_mb": rss_start / MiB, "rss_after_build_mb": marks["rss_after_build"] / MiB,
-        "rss_before_step_mb": marks["rss_before_step"] / MiB, "rss_after_step_mb": marks["rss_after_step"] / MiB,
+        "rank": trainer.rank, "world_size": trainer.info.world_size, "stage": args.stage, "steps": args.steps,
+        "psi": sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
+        "zero3_persistent_numel": sum(int(p.ds_numel) for p in params if getattr(p, "ds_persist", False)),
+        "rss_start_mb": rss_start / MiB, "rss_after_build_mb": rss_after_build / MiB,
+        "rss_before_step_mb": watch.rss["before_step"] / MiB, "rss_after_step_mb": watch.rss["after_step"] / MiB,
         "rss_end_mb": rss_bytes() / MiB, "peak_rss_mb": peak_memory_mb("cpu"),
-        "metrics_peak_mem_mb": [r["peak_mem_mb"] for r in rows],
-        "losses": [r["loss"] for r in rows], "wall_s": wall, "loadavg": os.getloadavg(),
+        "metrics_peak_mem_mb": peaks, "losses": losses, "wall_s": wall, "loadavg": load_average(),
         # per-tensor rows of 64 KiB and more (the totals count every tensor)
         "inventory": {k: {"totals": inv.totals(), "tensors": [t for t in inv.rows if t["storage_bytes"] >= 65536]}
-                      for k, inv in snapshots.items()},
+                      for k, inv in watch.snapshots.items()},
     }
-    Path(args.json).with_name(f"{Path(args.json).stem}-rank{info.rank}.json").write_text(json.dumps(result) + "\n")
+    Path(args.json).with_name(f"{Path(args.json).stem}-rank{trainer.rank}.json").write_text(json.dumps(result) + "\n")
 
 
 # ZeRO-3 brought to its sharded footprint with the two settings DeepSpeed's defaults leave large (a gradient bucket
@@ -342,8 +340,8 @@ def run_zero_case(args, data: Path, work: Path, stage: int, world: int, ds: tupl
               *(a for item in ds for a in ("--ds", item))]
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
                 if world > 1 else [sys.executable])
-    proc = subprocess.run([*launcher, *worker], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([*launcher, *worker], cwd=ROOT, env=child_env(**WORKER_ENV), capture_output=True,
+                          text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"ZeRO-{stage} at {world} rank(s) failed:\n{proc.stderr[-4000:]}")
     return [json.loads(out.with_name(f"{out.stem}-rank{r}.json").read_text()) for r in range(world)]
@@ -411,7 +409,8 @@ def state_bytes(state) -> tuple[int, int, dict]:
 
 
 def formula_per_lane(arch: str, mem_len: int, r_tokens: int = 0) -> dict:
-    """Bytes per lane from DESIGN §3 and the memory dataclasses (fp32 = 4 bytes, bool flags 1 byte)."""
+    """Bytes per lane from the memory dataclasses' fields (models/txl.py, lamemo.py, rmt.py; fp32 = 4 bytes, bool
+    flags 1 byte)."""
     m = mem_len
     if arch in ("transformer", "txl"):  # TXLMemory: L x [M, D] layer inputs + [M] valid
         terms = {"hidden L*M*D*4": L * m * D * 4, "valid M": m}
@@ -518,7 +517,7 @@ def eval_worker(args) -> None:
     Path(args.json).write_text(json.dumps({
         "case": label, "mem_len": mcfg.mem_len, "rss_before_mb": rss_before / MiB, "hwm_reset": hwm_reset,
         "hwm_before_mb": hwm_before / MiB, "peak_rss_mb": peak / MiB, "peak_rise_mb": (peak - rss_before) / MiB,
-        "tokens": result["tokens"], "batches": args.eval_batches, "wall_s": wall, "loadavg": os.getloadavg(),
+        "tokens": result["tokens"], "batches": args.eval_batches, "wall_s": wall, "loadavg": load_average(),
         "profile_top_ops_by_allocated_mb": top,
     }) + "\n")
 
@@ -552,7 +551,7 @@ def run_eval_case(args, data: Path, work: Path, label: str, mult: int) -> dict:
     out = work / f"eval-{label.replace(' ', '_').replace('(', '').replace(')', '').replace('=', '')}-x{mult}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "eval", "--case", label, "--mult", str(mult),
            "--data", str(data), "--eval-batches", str(args.eval_batches), "--json", str(out), "--profile"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(**WORKER_ENV), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"evaluation {label} x{mult} failed:\n{proc.stderr[-4000:]}")
     return json.loads(out.read_text())
@@ -645,7 +644,7 @@ def main() -> None:
     parser.add_argument("--skip-state", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--data", help="an already prepared WikiText-2 BPE-8k folder (else prepared here)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "memory_cpu.json"))
     # worker modes (the bench launches itself)
     parser.add_argument("--worker", choices=["zero", "eval"])
     parser.add_argument("--stage", type=int, default=0)
@@ -671,7 +670,7 @@ def main() -> None:
     report: dict = {
         "benchmark": "memory", "torch": torch.__version__, "nproc": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "threads_per_process": 1,
-        "loadavg_before": os.getloadavg(),
+        "loadavg_before": load_average(),
         "config": {"n_layer": L, "d_model": D, "n_head": H, "d_head": E, "d_inner": F, "vocab": V, "tgt_len": N,
                    "mem_len": M, "lanes_per_rank": LANES, "precision": "fp32", "optimizer": "Adam (torch_adam)",
                    "rmt_mem_tokens": R_TOKENS, "rmt_bptt_depth": K_BPTT, "eval_mem_mult": MULT,
@@ -718,17 +717,14 @@ def main() -> None:
                         "loadavg": [r["loadavg"] for r in runs]}
                 print(f"eval {label}: " + ", ".join(f"M={r['mem_len']} peak rise {r['peak_rise_mb']:.1f} MiB"
                                                    for r in report["eval"][label].values()), flush=True)
-        report["loadavg_after"] = os.getloadavg()
+        report["loadavg_after"] = load_average()
         report["wall_s"] = time.time() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_result(args.out, report)
     print_tables(report)
     print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,13 +1,14 @@
 """memlm against other implementations of the same models: one training step per segment, interleaved, one thread.
 
-    python3.11 bench/bench_peers.py --setup     # fresh clone: create .bench-venv with the peers, then run (~12 min)
-    python3.11 bench/bench_peers.py             # run again (re-executes itself inside .bench-venv)
-    python3.11 bench/bench_peers.py --shapes small --steps 3 --warmup 1       # quick look (~1 min)
+    python3.11 bench/benchmarks/bench_peers.py --setup     # fresh clone: make .bench-venv with the peers, run (~12 min)
+    python3.11 bench/benchmarks/bench_peers.py             # run again (re-executes itself inside .bench-venv)
+    python3.11 bench/benchmarks/bench_peers.py --shapes small --steps 3 --warmup 1       # quick look (~1 min)
 
-Peers (pinned in bench/peers_requirements*.txt, installed into ./.bench-venv, never into the product's .venv):
+Peers (pinned in bench/benchmarks/peers/requirements*.txt, installed into ./.bench-venv, never into the product's
+.venv):
 Hugging Face TransfoXL (transformers 4.34.1, the last release that ships it), lucidrains'
 recurrent-memory-transformer-pytorch with and without its XL memories, and labml-nn's Transformer-XL. memlm is
-imported from this repository (`from models import ModelConfig, build_model`).
+imported from this repository (`from memlm.models import ModelConfig, build_model`).
 
 Every model gets the same shape (width, depth, heads, FFN FLOPs, segment N, memory M, RMT memory tokens,
 vocabulary), the same batches, and the same training step: forward of one segment with the memory carried over
@@ -46,11 +47,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+# Standard library only, both: this script starts outside the peer venv and re-executes itself inside it.
+from bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 VENV = ROOT / ".bench-venv"
 VENV_PY = VENV / "bin" / "python"
-REQUIREMENTS = ROOT / "bench" / "peers_requirements.txt"
-REQUIREMENTS_NODEPS = ROOT / "bench" / "peers_requirements_nodeps.txt"
+PEERS = Path(__file__).resolve().parent / "peers"  # the adapters, and the pinned libraries they need
+REQUIREMENTS = PEERS / "requirements.txt"
+REQUIREMENTS_NODEPS = PEERS / "requirements_nodeps.txt"
 TORCH_PIN = "torch==2.13.0"
 EXCLUDE_LINE = "/.bench-venv/"
 
@@ -68,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed rounds per group, every shape (default: small 20, wt103 2)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: small 3, wt103 1)")
     p.add_argument("--wt103-lanes", type=int, default=2, help="lanes B at the WikiText-103 shape")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "peers_cpu.json"),
+    p.add_argument("--out", default=str(RESULTS / "peers_cpu.json"),
                    help="JSON path; the Markdown table goes next to it with the suffix .md")
     return p.parse_args(argv)
 
@@ -116,7 +123,7 @@ def enter_bench_venv(argv: list[str]) -> None:
     """Re-execute this script with .bench-venv's interpreter and one thread, or refuse in one line."""
     if not VENV_PY.exists():
         sys.exit("bench_peers: error: the benchmark environment .bench-venv is missing; create it with "
-                 "`python3.11 bench/bench_peers.py --setup` (installs the pinned peers, then runs)")
+                 "`python3.11 bench/benchmarks/bench_peers.py --setup` (installs the pinned peers, then runs)")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     os.execve(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *argv], env)
 
@@ -127,7 +134,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch loads its OpenMP runtime
     os.environ["MKL_NUM_THREADS"] = "1"
     import gc
-    import json
     import platform
     import statistics
     import warnings
@@ -137,9 +143,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    from peers import PRECISIONS, RUNNERS, Shape, make_batches
-    from peers.matmul_floor import MatmulFloor
+    from bench.benchmarks.peers import PRECISIONS, RUNNERS, Shape, make_batches
+    from bench.benchmarks.peers.matmul_floor import MatmulFloor
     from memlm.trainer.runtime.allocator import tune_allocator
 
     # memlm's processes keep their step memory mapped (trainer/runtime/allocator.py); in this one process every model,
@@ -184,7 +189,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     report = {
         "benchmark": "peers: one training step per segment (forward with carried memory, mean NLL, backward, "
                      "clip 0.25, Adam), models of a group interleaved round-robin, one thread",
-        "command": " ".join(["bench/bench_peers.py", *argv]),
+        "command": " ".join(["bench/benchmarks/bench_peers.py", *argv]),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu": cpu_name(),
@@ -194,11 +199,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "libraries": {n: lib_version(n) for n in ("transformers", "recurrent-memory-transformer-pytorch",
                                                   "hyper-connections", "labml-nn", "labml", "einops")},
         "optimizer": "torch.optim.Adam(lr=2.5e-4), defaults otherwise; clip_grad_norm_ 0.25; zero_grad(set_to_none)",
-        "loadavg_start": os.getloadavg(),
+        "loadavg_start": load_average(),
         "allocator": {"tuned": allocator.tuned, "reason": allocator.reason},
         "shapes": {},
     }
-    md_parts = [f"# Peer benchmark (`bench/bench_peers.py`)\n\ntorch {torch.__version__}, 1 thread, {cpu_name()}; "
+    md_parts = [f"# Peer benchmark (`bench/benchmarks/bench_peers.py`)\n\ntorch {torch.__version__}, 1 thread, "
+                f"{cpu_name()}; "
                 f"libraries: " + ", ".join(f"{k} {v}" for k, v in report["libraries"].items() if v) + "\n"]
 
     for shape_name in chosen_shapes:
@@ -241,7 +247,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         "label": r.label, "library": r.library, "compare_with": r.compare_with,
                         "params": r.param_counts(), "settings": r.settings(), "notes": list(r.notes),
                     })
-                g["loadavg_before"] = os.getloadavg()
+                g["loadavg_before"] = load_average()
                 t0 = time.time()
 
                 def drop(key: str, what: str, e: Exception) -> None:
@@ -283,7 +289,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                             floor_times[key].append(floors[key].time())
                         losses[key].append(loss)
                 g["wall_s"] = time.time() - t0
-                g["loadavg_after"] = os.getloadavg()
+                g["loadavg_after"] = load_average()
                 tokens = shape.lanes * shape.tgt_len
                 for key in runners:
                     med = statistics.median(times[key])
@@ -305,7 +311,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         g["pairs"][key] = {
                             "memlm": base,
                             "memlm_over_peer_tokens_per_s": statistics.median(peer_t) / statistics.median(memlm_t),
-                            "memlm_over_peer_paired": statistics.median(p / m for p, m in zip(peer_t, memlm_t)),
+                            "memlm_over_peer_paired": paired_ratio(peer_t, memlm_t),
                             # what memlm/peer would be if memlm's step took only its matmuls' time, and with
                             # its clip + Adam (the same torch code in every library) added
                             "ceiling_peer_over_memlm_floor": statistics.median(peer_t) / statistics.median(
@@ -324,11 +330,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             md_parts.append(markdown_table(shape_name, shape, precision, shape_report))
             print(md_parts[-1], flush=True)
 
-    report["loadavg_end"] = os.getloadavg()
+    report["loadavg_end"] = load_average()
     report["wall_s"] = time.time() - t_start
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    out = write_result(args.out, report)
     md = out.with_suffix(".md")
     md.write_text("\n".join(md_parts))
     print(f"wrote {out} and {md} ({report['wall_s'] / 60:.1f} min, load {report['loadavg_start'][0]:.2f} -> "
@@ -389,6 +393,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

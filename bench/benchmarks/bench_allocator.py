@@ -1,6 +1,6 @@
 """What memlm's malloc settings (trainer/runtime/allocator.py) buy a CPU training step.
 
-    .venv/bin/python bench/bench_allocator.py            # -> bench/results/allocator_cpu.json
+    .venv/bin/python bench/benchmarks/bench_allocator.py            # -> bench/results/allocator_cpu.json
 
 The settings are per process and cannot be undone, so each measurement is a fresh process: one with glibc's
 defaults (MEMLM_MALLOC=system), one with memlm's settings, alternated for --rounds rounds so that machine noise
@@ -22,16 +22,19 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+from bench.common import RESULTS, load_average, paired_ratio, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 SETTINGS = ("system", "tuned")
 
 
 def child(args) -> None:
     """One process: apply the setting, time every (arch, dtype), print one JSON line."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import torch
 
-    from bench_models import Runner
+    from bench.benchmarks.bench_models import Runner
     from memlm.trainer.runtime.allocator import tune_allocator
 
     choice = tune_allocator()
@@ -73,7 +76,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "bench/results/allocator_cpu.json"))
+    p.add_argument("--out", default=str(RESULTS / "allocator_cpu.json"))
     args = p.parse_args()
     # bench_models.Runner's shape: the peer benchmark's small shape
     args.n_layer, args.n_head, args.d_model, args.d_head, args.d_inner = 4, 4, 256, 64, 1024
@@ -82,13 +85,13 @@ def main() -> None:
         child(args)
         return
 
-    load_before = os.getloadavg()
+    load_before = load_average()
     runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     for r in range(args.rounds):
         for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
             runs[setting].append(run_child(setting, args))
             print(f"round {r + 1}/{args.rounds} {setting} done", file=sys.stderr, flush=True)
-    load_after = os.getloadavg()
+    load_after = load_average()
 
     tokens = args.batch * args.tgt_len
     table = {}
@@ -99,12 +102,11 @@ def main() -> None:
             **{f"{s}_step_s": statistics.median(per[s]) for s in SETTINGS},
             **{f"{s}_tokens_per_s": tokens / statistics.median(per[s]) for s in SETTINGS},
             **{f"{s}_page_faults_per_step": faults[s] for s in SETTINGS},
-            "speedup_paired": statistics.median(a / b for a, b in zip(per["system"], per["tuned"])),
+            "speedup_paired": paired_ratio(per["system"], per["tuned"]),
         }
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import torch
 
-    from bench_models import cpu_info
+    from bench.benchmarks.bench_models import cpu_info
 
     result = {
         "benchmark": "allocator",
@@ -118,9 +120,7 @@ def main() -> None:
         "rows": table,
         "runs": runs,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(args.out, result)
     print(f"{'arch/dtype':14} {'glibc default':>22} {'memlm settings':>22} {'speed-up':>9} {'faults/step':>16}")
     for key, row in table.items():
         print(f"{key:14} {row['system_step_s'] * 1e3:8.1f} ms {row['system_tokens_per_s']:7.0f} tok/s "
@@ -130,6 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

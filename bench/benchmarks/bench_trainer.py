@@ -1,16 +1,18 @@
 """Trainer overhead and data-parallel scaling on CPU: `memlm train` against the bare model loop, 2 ranks against 1.
 
-    .venv/bin/python bench/bench_trainer.py                  # -> bench/results/trainer_cpu.json
-    .venv/bin/python bench/bench_trainer.py --steps 20 --repeats 1 --out /tmp/t.json   # a quick look
+    .venv/bin/python bench/benchmarks/bench_trainer.py                  # -> bench/results/trainer_cpu.json
+    .venv/bin/python bench/benchmarks/bench_trainer.py --steps 20 --repeats 1 --out /tmp/t.json   # a quick look
 
 Corpus: WikiText-2 (../shared/data/wikitext-2) prepared with an 8k BPE sentencepiece model, so the model is
 bench_models.py's configuration (4 layers, d_model 256, 4 x 64 heads, d_inner 1024, V 8192, B 8, N = M = 64).
 
-1. Overhead. The trainer (DeepSpeed engine at ZeRO 0, fp32, the lane stream, memory carried and detached, loss
-   all-reduce, clipping, Adam, LR schedule, a gradient norm every --log-every steps) against a bare loop over the
-   same model and the same batches (read beforehand, so the loop does no I/O): forward with carried memory, mean
-   NLL, backward, clip, torch Adam step. Headline: the Trainer stepped one optimizer step at a time, alternating
-   step by step with the bare loop after `--warmup` steps of each; overhead = median of the per-step ratios - 1
+1. Overhead. The trainer (DeepSpeed engine at ZeRO 0, fp32, the lane stream, memory carried and detached, the
+   step's one all-reduce of its figures, the non-finite check with its gradient norm on every step, clipping, Adam,
+   LR schedule) against a bare loop over the same model and the same batches (read beforehand, so the loop does no
+   I/O): forward with carried memory, mean NLL, backward, clip, torch Adam step. Headline: the Trainer, opened and
+   stepped through its public entry (open_trainer, build, train_step: trainer/loop/train.py) one optimizer step at
+   a time, alternating step by step with the bare loop after `--warmup` steps of each; overhead = median of the
+   per-step ratios - 1
    (target < 10%): on a shared machine, separate blocks differ by +-10% in kernel time alone. Also reported:
    whole `memlm train` runs in this process (their own metrics rows: tokens_per_s of each --log-every window,
    writing the row included) against bare blocks run between them.
@@ -35,10 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+from bench.common import (RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio,  # noqa: E402
+                          write_result)
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 
 def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
@@ -57,10 +60,10 @@ def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
 def prepare_corpus(work: Path) -> Path:
     from memlm.data_pipeline.prepare import prepare
 
-    if not (WIKITEXT / "wiki.train.tokens").is_file():
-        sys.exit(f"bench_trainer: WikiText-2 not found at {WIKITEXT}")
+    if not (WIKITEXT2 / "wiki.train.tokens").is_file():
+        sys.exit(f"bench_trainer: WikiText-2 not found at {WIKITEXT2}")
     out = work / "wt2-bpe8k"
-    prepare("wikitext", WIKITEXT, out, tokenizer="spm-bpe", vocab_size=8192, workers=2, progress=False)
+    prepare("wikitext", WIKITEXT2, out, tokenizer="spm-bpe", vocab_size=8192, workers=2, progress=False)
     return out
 
 
@@ -122,26 +125,24 @@ class BareLoop:
 
 
 class TrainerSteps:
-    """The real Trainer (engine, stream, memory, loss all-reduce, clipping, Adam, schedule) stepped one optimizer
-    step at a time, so its steps can alternate with the bare loop's. The grad norm is computed on every
-    --log-every-th step, as in a run; the metrics row itself is not written (the whole-run figure includes it)."""
+    """The real Trainer (engine, stream, memory, the step's all-reduce and non-finite check, clipping, Adam,
+    schedule), opened as `memlm train` opens it and stepped one optimizer step at a time through train_step(), so
+    its steps can alternate with the bare loop's. The metrics row itself is not written (the whole-run figure
+    includes it)."""
 
     def __init__(self, args, data: Path, arch: str, work: Path):
-        from memlm.data_pipeline.shards import load_manifest
-        from memlm.trainer.runtime import distributed
+        import torch
+
         from memlm.trainer.config.run_config import config_from_dict
-        from memlm.trainer.loop.train import Trainer
+        from memlm.trainer.loop.train import open_trainer
 
         cfg = config_from_dict({}, run_overrides(args, data, arch, 10**6))
-        manifest = load_manifest(data)
-        meta = {"world_size": 1, "arch": arch, "tokenizer": manifest["tokenizer"], "seed": cfg.train.seed}
-        self.trainer = Trainer(cfg, work / f"paired-{arch}", distributed.setup_env(), meta, manifest)
+        self.trainer = open_trainer(cfg, work / f"paired-{arch}")
+        # open_trainer fits the threads to the cores as `memlm train` does; both loops here run at --threads.
+        torch.set_num_threads(args.threads)
         self.trainer.build()
-        self.log_every, self.i = args.log_every, 0
 
     def step(self) -> float:
-        self.i += 1
-        self.trainer.norm_wanted = self.i % self.log_every == 0
         t0 = time.perf_counter()
         self.trainer.train_step()
         return time.perf_counter() - t0
@@ -161,17 +162,16 @@ def overhead(args, data: Path, work: Path) -> dict:
             stepper.step()
             bare.step()
         pairs = [(stepper.step(), bare.step()) for _ in range(args.repeats * args.steps)]
-        ratios = [t / b for t, b in pairs]
         # Whole runs (`memlm train` in this process, metrics rows included), alternating with bare blocks.
         run_times: list[float] = []
         block_times: list[float] = []
         for block in range(args.repeats):
             run_times += trainer_step_times(args, data, arch, work, block)
             block_times += [bare.step() for _ in range(args.steps)]
-        t_med = statistics.median(t for t, _ in pairs)
-        b_med = statistics.median(b for _, b in pairs)
+        trainer_s, bare_s = [t for t, _ in pairs], [b for _, b in pairs]
+        t_med, b_med = statistics.median(trainer_s), statistics.median(bare_s)
         result[arch] = {
-            "paired_overhead_median_ratio": statistics.median(ratios) - 1.0,
+            "paired_overhead_median_ratio": paired_ratio(trainer_s, bare_s) - 1.0,
             "paired_trainer_step_s_median": t_med, "paired_bare_step_s_median": b_med,
             "paired_overhead_of_medians": t_med / b_med - 1.0,
             "trainer_tokens_per_s": args.batch * 64 / t_med, "bare_tokens_per_s": args.batch * 64 / b_med,
@@ -195,8 +195,7 @@ def launched_tokens_per_s(args, data: Path, work: Path, nproc: int, arch: str) -
     config.write_text("{}\n")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                 if nproc > 1 else [sys.executable])
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS=str(max(1, args.threads // nproc)), PYTHONPATH=str(ROOT), DEEPSPEED_TIMEOUT="2")
+    env = child_env(OMP_NUM_THREADS=str(max(1, args.threads // nproc)), DEEPSPEED_TIMEOUT="2")
     proc = subprocess.run([*launcher, "-m", "memlm", "train", str(config), *pairs, "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -230,21 +229,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="alternating blocks (overhead) / runs (scaling)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--skip-scaling", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "trainer_cpu.json"))
     args = parser.parse_args()
 
     import torch
 
-    from memlm.trainer.runtime import distributed
-
-    distributed.setup_env()  # a plain process: the trainer's single-rank environment, once
     work = Path(tempfile.mkdtemp(prefix="bench_trainer-"))
     try:
         data = prepare_corpus(work)
         started = time.time()
         report = {
             "benchmark": "trainer", "torch": torch.__version__, "threads": args.threads, "nproc": os.cpu_count(),
-            "cpu": platform.processor() or platform.machine(), "loadavg_before": os.getloadavg(),
+            "cpu": platform.processor() or platform.machine(), "loadavg_before": load_average(),
             "config": {"n_layer": 4, "d_model": 256, "n_head": 4, "d_head": 64, "d_inner": 1024, "vocab": 8192,
                        "batch": args.batch, "tgt_len": 64, "mem_len": 64, "steps": args.steps,
                        "warmup": args.warmup, "repeats": args.repeats, "corpus": "WikiText-2, spm-bpe 8k"},
@@ -253,16 +249,13 @@ def main() -> None:
         }
         if not args.skip_scaling:
             report["scaling"] = scaling(args, data, work)
-        report["loadavg_after"] = os.getloadavg()
+        report["loadavg_after"] = load_average()
         report["wall_s"] = time.time() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report)
     print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -1,8 +1,9 @@
 """The real trainer (`memlm train`, DeepSpeed) on a lent GPU: bf16 at ZeRO 0-3, resume, fused Adam (for a GPU machine).
 
-    python bench/bench_gpu_trainer.py --data DATA_DIR --runs /tmp/gpu_runs --out bench/results/trainer_cuda.json
-    python bench/bench_gpu_trainer.py --data DATA_DIR --size tiny --runs /tmp/r --out /tmp/t.json --phases resume timing
-                                                               # CPU smoke run of the same procedure
+    python bench/benchmarks/bench_gpu_trainer.py --data DATA_DIR --runs /tmp/gpu_runs \
+        --out bench/results/trainer_cuda.json
+    python bench/benchmarks/bench_gpu_trainer.py --data DATA_DIR --size tiny --runs /tmp/r --out /tmp/t.json \
+        --phases resume timing                                 # CPU smoke run of the same procedure
 
 Every run is a separate `python -m memlm train` process (a fresh CUDA context, so peak_mem_mb is that run's own),
 on a prepared word-level WikiText-2 (vocabulary 33,278), with the WikiText-103 base shape of
@@ -25,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+
+from bench.common import RESULTS, ROOT, child_env, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 SIZES = {
     # The WikiText-103 base shape on WikiText-2's word vocabulary.
@@ -60,7 +63,7 @@ def train(name: str, args, arch: str, overrides: list[str], env_extra: dict | No
         cmd += ["--stop-at", str(stop_at)]
     if resume:
         cmd += ["--resume"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env = child_env(PYTHONUNBUFFERED="1", **(env_extra or {}))
     log = Path(args.runs) / f"{name}{'-resume' if resume else ''}.log"
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -175,7 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="a prepared word-level WikiText-2 DATA_DIR")
     parser.add_argument("--runs", required=True, help="folder for the run folders and their logs")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_cuda.json"))
+    parser.add_argument("--out", default=str(RESULTS / "trainer_cuda.json"))
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--phases", nargs="+", default=["resume", "timing", "fused"],
                         choices=["resume", "timing", "fused"])
@@ -226,10 +229,8 @@ def main() -> None:
         else:
             rows = phase_resume(args)
         result["phases"][phase] = {"wall_s": time.perf_counter() - t0, "runs": rows}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")  # after every phase: a killed call keeps what ran
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(out, result)  # after every phase: a killed call keeps what ran
+    write_result(out, result)
     print(f"wrote {out}")
     for phase in ("timing", "fused"):
         data = result["phases"].get(phase)
@@ -241,6 +242,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from interrupt import stop_in_one_line  # Ctrl-C: one line, exit 130
-
-    sys.exit(stop_in_one_line(main))
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143
