@@ -60,7 +60,8 @@ def load_line(data: dict) -> str:
 def render_wt2(data: dict) -> list[str]:
     lines = [f"**WikiText-2, word level, {data['steps']:,} equal steps per run** (profile `{data['profile']}`, "
              f"preset `{data['preset']}`, {data['jobs']} runs at a time, one thread each)", "",
-             "| model | test ppl | valid ppl | seeds | params | MFLOPs/token | tokens/s |", "|---|---|---|---|---|---|---|"]
+             "| model | test ppl | valid ppl | seeds | params | MFLOPs/token | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
     for r in data["table"]:
         per_seed = ", ".join(f"{x:.1f}" for x in r["test_ppl_per_seed"])
         lines.append(f"| {r['label']} | {r['test_ppl']:.1f} ± {r['test_ppl_spread']:.1f} ({per_seed}) | "
@@ -122,7 +123,8 @@ def render() -> str:
     for path in reproduce:
         data = json.loads(path.read_text())
         prefix = next(p for p in REPRODUCE_ORDER if path.stem.startswith(p + "_"))
-        out += [f"### `{path.name}`", "", f"Command: `{data.get('command', '?')}`  ", f"Machine: {machine_line(data)}  ",
+        out += [f"### `{path.name}`", "", f"Command: `{data.get('command', '?')}`  ",
+                f"Machine: {machine_line(data)}  ",
                 f"Load average: {load_line(data)}", ""]
         out += RENDERERS[prefix](data)
         if data.get("figure"):

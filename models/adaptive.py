@@ -171,37 +171,38 @@ class AdaptiveLogSoftmax(nn.Module):
     def _chunked(self, device: torch.device) -> bool:
         return self.head_loss == "chunked" or (self.head_loss == "auto" and device.type == "cuda")
 
+    def _head_index(self, safe: Tensor) -> Tensor:
+        """[T]: the head column each target is scored by: its own (shortlist), else its tail cluster's logit."""
+        if self.n_clusters == 1:
+            return safe
+        cutoffs = torch.tensor([lo for lo, _ in self.bounds[1:]], device=safe.device)
+        cluster = torch.bucketize(safe, cutoffs, right=True)  # 0 for the head, i for tail cluster i
+        return torch.where(cluster == 0, safe, self.shortlist + cluster - 1)
+
     def _target_nll_chunked(self, flat: Tensor, head_input: Tensor, tgt: Tensor) -> Tensor:
         """`_target_nll` with the head's part from chunked_linear_nll: the head's [T, shortlist + C - 1] log-probs are
-        never held whole. A target in the head picks its own logit; one in tail cluster i picks the cluster's."""
+        never held whole."""
         safe = tgt.clamp(min=0)
         weight = self.weights[0][: self.shortlist]  # the shortlist: table 0's first rows (all of it with div_val > 1)
         bias = self.bias[: self.shortlist]
-        index = safe
         if self.n_clusters > 1:
-            cutoffs = torch.tensor([lo for lo, _ in self.bounds[1:]], device=safe.device)
-            cluster = torch.bucketize(safe, cutoffs, right=True)  # 0 for the head, i for tail cluster i
-            index = torch.where(cluster == 0, safe, self.shortlist + cluster - 1)
             weight = torch.cat([weight, self.cluster_weight.to(weight.dtype)])
             bias = torch.cat([bias, self.cluster_bias.to(bias.dtype)])
-        nll = chunked_linear_nll(head_input, weight, bias, index)
-        for i in range(1, self.n_clusters):
-            lo, hi = self.bounds[i]
-            idx = ((safe >= lo) & (safe < hi)).nonzero(as_tuple=True)[0]
-            if not idx.numel():
-                continue
-            tail_input = self._tail_input(flat[idx], head_input[idx], i)
-            tail = F.log_softmax(self._cluster_logits(tail_input, i).float(), dim=-1)
-            tok = tail.gather(1, (safe[idx] - lo)[:, None]).squeeze(1)
-            nll = nll.index_add(0, idx, -tok)
-        return nll.masked_fill(tgt < 0, 0.0)
+        nll = chunked_linear_nll(head_input, weight, bias, self._head_index(safe))
+        return (nll + self._tail_nll(flat, head_input, safe)).masked_fill(tgt < 0, 0.0)
 
     def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
         """Only the clusters that hold a target are evaluated, and only on those positions."""
         safe = tgt.clamp(min=0)
-        in_head = safe < self.shortlist
-        nll = -head.gather(1, torch.where(in_head, safe, 0)[:, None]).squeeze(1)
-        nll = torch.where(in_head, nll, torch.zeros_like(nll))
+        nll = -head.gather(1, self._head_index(safe)[:, None]).squeeze(1)
+        return nll + self._tail_nll(flat, head_input, safe)
+
+    @torch.compiler.disable
+    def _tail_nll(self, flat: Tensor, head_input: Tensor, safe: Tensor) -> Tensor:
+        """[T]: -log p(token | its tail cluster) for targets in a tail cluster, 0 for the others; each cluster's
+        softmax only on its own rows. Never compiled: how many rows a cluster gets changes every batch, and in a
+        compiled graph that would be a recompile (or a host sync inside it) per step."""
+        nll = torch.zeros(safe.shape, dtype=torch.float32, device=safe.device)
         for i in range(1, self.n_clusters):
             lo, hi = self.bounds[i]
             idx = ((safe >= lo) & (safe < hi)).nonzero(as_tuple=True)[0]
@@ -210,7 +211,7 @@ class AdaptiveLogSoftmax(nn.Module):
             tail_input = self._tail_input(flat[idx], head_input[idx], i)
             tail = F.log_softmax(self._cluster_logits(tail_input, i).float(), dim=-1)
             tok = tail.gather(1, (safe[idx] - lo)[:, None]).squeeze(1)
-            nll = nll.index_put((idx,), -(head[idx, self.shortlist + i - 1] + tok))
+            nll = nll.index_put((idx,), -tok)
         return nll
 
     def _full_logprobs(self, flat: Tensor, head_input: Tensor, head: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ class ModelOutput:
 def cut(rows: Tensor) -> Tensor:
     """Rows kept as memory: cut from the autograd graph and copied into a tensor of their own. A slice would keep
     its whole source alive (the [B, M + N, D] layer input behind M cached rows; the [B, 2R + N, D] layer output
-    behind RMT's R memory tokens): 2x to 15x the memory state's own bytes (bench/bench_memory.py)."""
+    behind RMT's R memory tokens): 2x to 15x the memory state's own bytes (bench/benchmarks/bench_memory.py)."""
     return rows.detach().clone(memory_format=torch.contiguous_format)
 
 

@@ -124,7 +124,8 @@ def main() -> None:
     print(f"{'arch/dtype':14} {'glibc default':>22} {'memlm settings':>22} {'speed-up':>9} {'faults/step':>16}")
     for key, row in table.items():
         print(f"{key:14} {row['system_step_s'] * 1e3:8.1f} ms {row['system_tokens_per_s']:7.0f} tok/s "
-              f"{row['tuned_step_s'] * 1e3:8.1f} ms {row['tuned_tokens_per_s']:7.0f} tok/s {row['speedup_paired']:8.3f}x "
+              f"{row['tuned_step_s'] * 1e3:8.1f} ms {row['tuned_tokens_per_s']:7.0f} tok/s "
+              f"{row['speedup_paired']:8.3f}x "
               f"{row['system_page_faults_per_step']:7.0f} -> {row['tuned_page_faults_per_step']:.0f}")
     print(f"load average {load_before[0]:.2f} -> {load_after[0]:.2f}; wrote {out}")
 

@@ -81,9 +81,9 @@ def on_ray(run: Path, num_cpus: int, out: Path, uri: str) -> tuple[float, float]
     """(Ray start seconds, command seconds) of `memlm extrapolate RUN --mult 1-10` on a fresh local Ray."""
     import ray
 
+    from memlm.cli import build_parser
     from memlm.cluster import extrapolate
     from memlm.cluster.ray_runtime import start
-    from memlm.cli import build_parser
 
     t0 = time.perf_counter()
     start(num_cpus=num_cpus)

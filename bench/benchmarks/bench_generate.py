@@ -1,4 +1,5 @@
-"""Generation speed: `trainer.inference.generate` (incremental cache inside a segment) against a naive loop that reruns the
+"""Generation speed: `trainer.inference.generate` (incremental cache inside a segment) against a naive loop that reruns
+the
 whole segment for every new token, per architecture, and Hugging Face TransfoXL's `generate` at the same shape.
 
     .venv/bin/python bench/benchmarks/bench_generate.py                 # -> bench/results/generate_cpu.json

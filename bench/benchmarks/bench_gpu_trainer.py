@@ -125,7 +125,8 @@ def compare_losses(a: list[dict], b: list[dict], steps: range) -> dict:
 
 def phase_timing(args, stages, archs, fused: bool) -> list[dict]:
     size = SIZES[args.size]
-    specs = [(f"{arch}-z{stage}-{'fused' if fused else 'torchadam'}", arch, stage) for arch in archs for stage in stages]
+    specs = [(f"{arch}-z{stage}-{'fused' if fused else 'torchadam'}", arch, stage)
+             for arch in archs for stage in stages]
     if args.only:  # these runs only, in the order given
         specs = sorted((s for s in specs if s[0] in args.only), key=lambda s: args.only.index(s[0]))
     out = []
@@ -237,7 +238,8 @@ def main() -> None:
         if isinstance(data, dict):
             for r in data["runs"]:
                 print(f"{r['name']:>24}: rc {r['rc']} tokens/s {r.get('tokens_per_s_median', float('nan')):,.0f} "
-                      f"loss {r.get('final_loss', float('nan')):.4f} peak {r.get('peak_mem_mb', float('nan')):,.0f} MiB "
+                      f"loss {r.get('final_loss', float('nan')):.4f} "
+                      f"peak {r.get('peak_mem_mb', float('nan')):,.0f} MiB "
                       f"wall {r['wall_s']:.0f} s")
 
 

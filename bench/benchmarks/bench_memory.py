@@ -33,7 +33,8 @@ Every process runs with OMP_NUM_THREADS=1 (2 ranks x 1 thread on this 2-core mac
    models/lamemo.py, RMTMemory in models/rmt.py: what each field holds per lane). RMT's window BPTT replay window
    (trainer.loop.recurrence.WindowBPTT, k = 3 segments of tokens, targets, reset flags and the caches they read) is a
    separate row. At M and at 10 x M (the configuration `memlm eval --mem-mult 10` builds).
-3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.inference.evaluate.evaluate (the loop of
+3. Evaluation pass at M = 128 against M = 1280: one fresh process per case, trainer.inference.evaluate.evaluate (the
+loop of
    `memlm eval`) over --eval-batches batches of the valid split, 8 lanes, model built by eval_model_config from a
    run config with eval.mem_mult 10 (random weights: the memory use does not depend on them). Figure: the rise of
    the process's peak RSS over its RSS just before the pass (the high-water mark is reset through

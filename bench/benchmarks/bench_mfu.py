@@ -65,6 +65,23 @@ def device_info(device: str) -> dict:
     return info
 
 
+class CompileCounts:
+    """torch._dynamo's counters from now on: frames captured (each a graph; one more after warm-up is a recompile)
+    and graph breaks."""
+
+    def __init__(self):
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+        self.counters = counters
+
+    def read(self) -> dict:
+        return {"graphs": int(self.counters["stats"]["unique_graphs"]),
+                "breaks": int(sum(self.counters["graph_break"].values()))}
+
+
 def zipf_tokens(vocab: int, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Token ids with P(rank r) proportional to 1/r, rank = id (word vocabularies are sorted by frequency)."""
     weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
@@ -78,7 +95,7 @@ def bench_arch(arch: str, args) -> dict:
         settings["mem_len"] = 0
     if arch == "rmt":
         settings.update(mem_len=0, num_mem_tokens=RMT_MEM_TOKENS)
-    cfg = ModelConfig(arch=arch, **settings).validate()
+    cfg = ModelConfig(arch=arch, attention=args.attention, head_loss=args.head_loss, **settings).validate()
     torch.manual_seed(0)
     model = build_model(cfg).to(args.device).train()
     n_params = sum(p.numel() for p in model.parameters())
@@ -90,6 +107,10 @@ def bench_arch(arch: str, args) -> dict:
     memory = model.init_memory(args.lanes, device=args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": None}[args.precision]
     device_type = "cuda" if args.device.startswith("cuda") else "cpu"
+
+    def sync() -> None:
+        if device_type == "cuda":
+            torch.cuda.synchronize()
 
     def step(i: int) -> float:
         nonlocal memory
@@ -103,43 +124,51 @@ def bench_arch(arch: str, args) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        memory = out.memory.detached() if hasattr(out.memory, "detached") else map_memory(torch.Tensor.detach, out.memory)
+        memory = (out.memory.detached() if hasattr(out.memory, "detached")
+                  else map_memory(torch.Tensor.detach, out.memory))
         sync()
         return time.perf_counter() - t0
 
-    def sync() -> None:
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-
     if device_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    compiles = CompileCounts()
     t_warm = time.perf_counter()
     for i in range(args.warmup):
         step(i)
     warmup_s = time.perf_counter() - t_warm
+    after_warmup = compiles.read()
     times = [step(args.warmup + i) for i in range(args.steps)]
+    timed = compiles.read()
     median = statistics.median(times)
     tokens_per_s = args.lanes * cfg.tgt_len / median
     fwd = flops_per_token(cfg, batch_size=args.lanes)["total"]
     achieved = tokens_per_s * 3 * fwd
     name, peak = peak_flops(args.device)
-    row = {"arch": arch, "params": n_params, "compiled": bool(args.compile), "step_s_median": median,
+    row = {"arch": arch, "params": n_params, "compiled": bool(args.compile), "attention": args.attention,
+           "head_loss": args.head_loss, "lanes": args.lanes, "step_s_median": median,
+           # torch.compile's work: graphs captured during warm-up (the compile time is most of warmup_s), graph
+           # breaks, and captures after warm-up (recompiles: a shape or guard that changed while timing; want 0).
+           "graphs_at_warmup": after_warmup["graphs"], "graph_breaks": timed["breaks"],
+           "recompiles_after_warmup": timed["graphs"] - after_warmup["graphs"],
            "step_s_min": min(times), "step_s": times, "warmup_s": warmup_s, "tokens_per_step": args.lanes * cfg.tgt_len,
-           "tokens_per_s": tokens_per_s, "fwd_flops_per_token": fwd, "train_flops_per_step": 3 * fwd * args.lanes * cfg.tgt_len,
+           "tokens_per_s": tokens_per_s, "fwd_flops_per_token": fwd,
+           "train_flops_per_step": 3 * fwd * args.lanes * cfg.tgt_len,
            "achieved_tflops": achieved / 1e12, "device": name, "peak_tflops": peak / 1e12 if peak else None,
            "mfu": achieved / peak if peak else None}
     if args.precision == "fp32":
         _, peak32 = peak_flops(args.device, PEAK_TF32)
-        row.update(peak_tf32_tflops=peak32 / 1e12 if peak32 else None, mfu_vs_tf32=achieved / peak32 if peak32 else None)
+        row.update(peak_tf32_tflops=peak32 / 1e12 if peak32 else None,
+                   mfu_vs_tf32=achieved / peak32 if peak32 else None)
     if device_type == "cuda":
         row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a (no peak for this device)"
     peak_mem = f", peak {row['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in row else ""
     print(f"{arch}: {median * 1e3:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, {row['achieved_tflops']:.2f} TFLOP/s, "
-          f"MFU {mfu}{peak_mem}", flush=True)
+          f"MFU {mfu}{peak_mem}; warm-up {warmup_s:.1f} s, graphs {row['graphs_at_warmup']}, breaks "
+          f"{row['graph_breaks']}, recompiles {row['recompiles_after_warmup']}", flush=True)
     if args.profile and arch in args.profile_archs:
         row["profile"] = profile_steps(step, args, arch, median)
-    del model, forward, opt, memory, pool
+    model = forward = opt = memory = pool = None  # frees the GPU memory before the next arch (step() is done)
     if device_type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -170,9 +199,11 @@ def profile_steps(step, args, arch: str, median: float) -> dict:
         mm = sum(self_us(e) for e in kernels if any(k in e.key.lower() for k in MATMUL_KERNELS))
         top = sorted(kernels, key=self_us, reverse=True)[:10]
         summary.update(kernel_ms_per_step=total / 1e3 / n, matmul_kernel_ms_per_step=mm / 1e3 / n,
-                       other_kernel_ms_per_step=(total - mm) / 1e3 / n, kernel_launches_per_step=sum(e.count for e in kernels) / n,
+                       other_kernel_ms_per_step=(total - mm) / 1e3 / n,
+                       kernel_launches_per_step=sum(e.count for e in kernels) / n,
                        gpu_busy_fraction=(total / 1e6) / wall if wall else None,
-                       top10_kernels=[{"kernel": e.key[:160], "ms_per_step": self_us(e) / 1e3 / n, "calls_per_step": e.count / n}
+                       top10_kernels=[{"kernel": e.key[:160], "ms_per_step": self_us(e) / 1e3 / n,
+                                       "calls_per_step": e.count / n}
                                       for e in top])
     with open(args.profile, "a") as f:
         f.write(f"# {arch}, {args.precision}, {args.device}, {n} profiled steps, lanes {args.lanes}, "
@@ -198,6 +229,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
+    parser.add_argument("--attention", choices=["auto", "eager", "flex"], default="auto",
+                        help="model.attention (auto: FlexAttention on CUDA)")
+    parser.add_argument("--head-loss", choices=["auto", "full", "chunked"], default="auto",
+                        help="model.head_loss (auto: chunked on CUDA)")
     parser.add_argument("--profile", default=None, metavar="TXT", help="append a torch.profiler table per arch here")
     parser.add_argument("--profile-archs", nargs="+", default=["txl"], help="archs to profile (with --profile)")
     parser.add_argument("--profile-steps", type=int, default=5)

@@ -8,7 +8,8 @@ One step = forward of one segment [B, N] with the memory carried over from the p
 backward (gradients dropped, no optimizer). The architectures are timed round-robin (one step each per round),
 so slow drifts of the machine hit all of them alike; the reported time is the median over the timed rounds
 after warm-up (also the minimum, and for LaMemo / Transformer-XL the median of the per-round ratios, which is the
-figure least disturbed by other processes on a shared machine). Achieved GFLOP/s uses the forward+backward FLOPs of one step measured once with
+figure least disturbed by other processes on a shared machine). Achieved GFLOP/s uses the forward+backward FLOPs of one
+step measured once with
 torch.utils.flop_counter (matmuls only); the analytic forward FLOPs per token come from models/flops.py.
 Never part of the test suite; nothing here asserts a timing.
 """
@@ -136,7 +137,8 @@ def bench_dtype(runners: dict[str, Runner], dtype: str, args) -> dict:
 
 
 def profile(runners: dict[str, Runner], dtype: str, args, out_dir: Path) -> dict[str, str]:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     paths = {}
     for arch in ("lamemo", "txl"):
@@ -215,12 +217,15 @@ def main(argv=None) -> dict:
     for dtype in dtypes:
         res = bench_dtype(runners, dtype, args)
         result["results"][dtype] = res
-        line = "  ".join(f"{a} {res[a]['tokens_per_s']:8.0f} tok/s ({res[a]['achieved_gflops']:5.1f} GFLOP/s)" for a in res)
+        line = "  ".join(f"{a} {res[a]['tokens_per_s']:8.0f} tok/s ({res[a]['achieved_gflops']:5.1f} GFLOP/s)"
+                         for a in res)
         print(f"[{dtype}] {line}", flush=True)
         if "lamemo" in res and "txl" in res:
             ratio = res["lamemo"]["median_step_s"] / res["txl"]["median_step_s"]
             paired = paired_ratio(res["lamemo"]["step_times_s"], res["txl"]["step_times_s"])
-            flop_ratio = result["models"]["lamemo"]["fwd_flops_per_token_analytic"] / result["models"]["txl"]["fwd_flops_per_token_analytic"]
+            models = result["models"]
+            flop_ratio = (models["lamemo"]["fwd_flops_per_token_analytic"]
+                          / models["txl"]["fwd_flops_per_token_analytic"])
             result["ratios"][dtype] = {
                 "lamemo_over_txl_step_time": ratio,
                 "lamemo_over_txl_step_time_paired": paired,
@@ -230,7 +235,8 @@ def main(argv=None) -> dict:
                 / res["txl"]["fwd_bwd_flops_per_step_measured"],
                 "meets_target": ratio <= TARGET_LAMEMO_TXL_RATIO,
             }
-            print(f"[{dtype}] LaMemo / Transformer-XL step time {ratio:.3f}x (paired {paired:.3f}x; FLOPs {flop_ratio:.3f}x; target <= "
+            print(f"[{dtype}] LaMemo / Transformer-XL step time {ratio:.3f}x (paired {paired:.3f}x; "
+                  f"FLOPs {flop_ratio:.3f}x; target <= "
                   f"{TARGET_LAMEMO_TXL_RATIO}x)", flush=True)
     if args.profile:
         result["profiles"] = {d: profile(runners, d, args, out_path.parent) for d in dtypes}

@@ -61,7 +61,8 @@ def main() -> int:
             results["settings"][f"{tokenizer}/workers={workers}"] = {
                 "median_s": median, "times_s": times, "over_bare_floor": median / results["bare_read_split_s"],
             }
-            print(f"{tokenizer:8s} workers={workers}: {median:.2f} s ({median / results['bare_read_split_s']:.1f}x the bare read+split)")
+            ratio = median / results["bare_read_split_s"]
+            print(f"{tokenizer:8s} workers={workers}: {median:.2f} s ({ratio:.1f}x the bare read+split)")
     results.update(python=platform.python_version(), machine=platform.machine(), tokens=2_551_843)
     write_result(args.out, results)
     print(f"wrote {args.out}")

@@ -26,7 +26,8 @@ Each run warms up, then times whole iterations for --secs of wall time (at least
 use by other processes is measured for a second (/proc/stat, as refit_threads does: `others_before`, in cores;
 the 1-minute load average too); --quiet-wait S waits up to S seconds for others_before < 0.15 before an idle run,
 so that an "idle" baseline on a shared machine is idle. Reported per workload, sharing and setting: the median
-tokens/s over repetitions with each run's figure, thread lines, timed iterations per thread count and load; slowdown = median idle tokens/s / median
+tokens/s over repetitions with each run's figure, thread lines, timed iterations per thread count and load; slowdown =
+median idle tokens/s / median
 shared tokens/s of the same setting; paired = the median over repetitions of tokens/s against the old setting's
 run of the same repetition and sharing (runs minutes apart on a shared machine differ more than that).
 Never part of the test suite.
@@ -62,7 +63,8 @@ QUIET = 0.15  # cores busy with other work below which the machine counts as idl
 
 
 def eval_workload(data: Path, batches: int):
-    """One call: trainer.inference.evaluate over the first batches of the test split, as `memlm eval --mem-mult 4` runs."""
+    """One call: trainer.inference.evaluate over the first batches of the test split, as `memlm eval --mem-mult 4`
+    runs."""
     from memlm.models import build_model
     from memlm.trainer.config.run_config import eval_model_config, load_config
     from memlm.trainer.inference.evaluate import evaluate
@@ -272,7 +274,8 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=10, help="batches per evaluate() call")
     parser.add_argument("--quiet-wait", type=float, default=60.0,
                         help="seconds an idle run may wait for the cores to be free of other work")
-    parser.add_argument("--timeout", type=float, default=300.0, help="a run still going after this is recorded as timed out")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="a run still going after this is recorded as timed out")
     parser.add_argument("--out", default=str(RESULTS / "threads_shared.json"))
     args = parser.parse_args()
     if args.worker:

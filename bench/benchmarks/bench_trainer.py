@@ -39,8 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
-from bench.common import (RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio,  # noqa: E402
-                          write_result)
+from bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio, write_result  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
 
 
@@ -51,7 +50,8 @@ def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
         "model.mem_len": 64 if arch != "transformer" else 0, "model.dropout": 0.0, "model.dropatt": 0.0,
         "data.path": str(data), "data.batch_size": args.batch, "train.steps": steps, "train.warmup_steps": 0,
         "train.lr": 2.5e-4, "train.save_every": 0, "train.keep_last": 1, "train.eval_every": 0,
-        "train.log_every": args.log_every, "tracking.enabled": False, "deepspeed.zero_stage": 0, "deepspeed.precision": "fp32",
+        "train.log_every": args.log_every, "tracking.enabled": False, "deepspeed.zero_stage": 0,
+        "deepspeed.precision": "fp32",
     }
     base.update(extra)
     return base

@@ -2,12 +2,13 @@
 # The whole GPU procedure of bench/README.md's GPU section, in one command on a lent GPU machine (no registry there).
 #
 #   bash bench/benchmarks/gpu_run.sh [PHASES...]        # default: env mfu trainer fp32 aligned compile
+#   bash bench/benchmarks/gpu_run.sh env equal fast     # the fast path: GPU equality tests, then MFU per arch/shape/lanes
 #
 # Needs, in the repository root: .whl/ (deepspeed 0.19.8 and what it and webdataset need that the machine lacks, see
-# bench/README.md) and .gpudata/wikitext-2 (memlm prepare --corpus wikitext --tokenizer word). Writes under $OUT
+# bench/README.md; phase equal also pytest, pluggy and iniconfig) and .gpudata/wikitext-2 (memlm prepare --corpus wikitext --tokenizer word). Writes under $OUT
 # (default bench/results/gpu): gpu_run.log, mfu_cuda.json, mfu_cuda_fp32.json, mfu_cuda_aligned.json,
-# mfu_cuda_compile_{txl,lamemo}.json,
-# profile_bf16_cuda.txt, trainer_cuda.json, runs.tar.gz (metrics.jsonl, configs and logs of every trainer run).
+# mfu_cuda_compile_{txl,lamemo}.json, mfu_cuda_fast_{paper,aligned}_ARCH_LANES.json (phase fast; FAST_ARCHS,
+# FAST_LANES choose), profile_bf16_cuda.txt, trainer_cuda.json, runs.tar.gz (metrics.jsonl, configs and logs of every trainer run).
 # BUDGET (seconds, default 530): no phase or trainer run starts after it, so the whole ends inside a 600 s call.
 # CPU smoke run of the flow (no wheels needed where the venv has them):
 #   OUT=/tmp/gout MFU_ARGS="--device cpu --n-layer 2 --lanes 2 --steps 2 --warmup 1" TRAINER_ARGS="--size tiny" \
@@ -89,6 +90,30 @@ get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
       timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_mfu.py --compile --archs $arch --out "$OUT/mfu_cuda_compile_$arch.json" ${MFU_ARGS:-}
     done
     ;;
+  equal)
+    # FlexAttention against the einsum path (loss and every gradient, fp32 and bf16, every arch) and the chunked
+    # softmax head under bf16: the GPU half of tests/models/test_attention_flex.py and test_adaptive.py (pytest
+    # and its few dependencies travel in .whl).
+    stamp "GPU equality tests: flex = eager, chunked head = full"
+    timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider tests/models/test_attention_flex.py \
+      tests/models/test_adaptive.py -k gpu 2>&1 | tail -25
+    ;;
+  fast)
+    # The fast path: FlexAttention, the chunked head, torch.compile (inductor), at the paper's 410 / 10 x 41 shape
+    # and the aligned 512 / 8 x 64 one, at FAST_LANES lanes; each JSON row has the compile time (warmup_s), graph
+    # breaks and recompiles after warm-up. One arch per command, so a slow compile costs one row, not the phase.
+    for lanes in ${FAST_LANES:-64 128}; do
+      for shape in paper aligned; do
+        for arch in ${FAST_ARCHS:-txl lamemo rmt transformer}; do
+          if [ "$(left)" -lt 90 ]; then stamp "skip fast $shape $arch $lanes: $(left) s left"; continue; fi
+          widths=""; [ $shape = aligned ] && widths="--d-model 512 --n-head 8 --d-head 64 --d-inner 2048"
+          stamp "mfu bf16 fast path: $arch, $shape shape, $lanes lanes"
+          timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_mfu.py --compile --attention flex --head-loss chunked \
+            --archs $arch --lanes $lanes $widths --out "$OUT/mfu_cuda_fast_${shape}_${arch}_${lanes}.json" ${MFU_ARGS:-}
+        done
+      done
+    done
+    ;;
   aligned)
     if [ "$(left)" -lt 60 ]; then stamp "skip aligned: $(left) s left"; continue; fi
     stamp "mfu bf16 at a tensor-core-aligned shape (d_model 512, 8 x 64, d_inner 2048), txl and lamemo"
@@ -104,15 +129,17 @@ python3 - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for name in ("mfu_cuda.json", "mfu_cuda_fp32.json", "mfu_cuda_aligned.json", "mfu_cuda_compile_txl.json",
-             "mfu_cuda_compile_lamemo.json"):
+names = ["mfu_cuda.json", "mfu_cuda_fp32.json", "mfu_cuda_aligned.json", "mfu_cuda_compile_txl.json",
+         "mfu_cuda_compile_lamemo.json"] + sorted(p.name for p in out.glob("mfu_cuda_fast_*.json"))
+for name in names:
     p = out / name
     if p.exists():
         d = json.loads(p.read_text())
         print(f"{name} ({d['precision']}, {d['device'].get('name')}):")
         for r in d["rows"]:
             print(f"  {r['arch']:>11} {1e3 * r['step_s_median']:7.1f} ms {r['tokens_per_s']:9,.0f} tok/s "
-                  f"{r['achieved_tflops']:6.1f} TFLOP/s MFU {100 * (r['mfu'] or 0):5.1f}% peak {r.get('peak_mem_gib', 0):5.1f} GiB")
+                  f"{r['achieved_tflops']:6.1f} TFLOP/s MFU {100 * (r['mfu'] or 0):5.1f}% peak {r.get('peak_mem_gib', 0):5.1f} GiB"
+                  f" warm-up {r.get('warmup_s', 0):5.0f} s recompiles {r.get('recompiles_after_warmup', '-')}")
 for p in sorted(out.glob("trainer_cuda*.json")):
     d = json.loads(p.read_text())
     print(p.name)

@@ -32,8 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from bench.common import RESULTS, ROOT, load_average, write_json, write_result  # noqa: E402
 from bench.reproduce.children import CHILDREN  # noqa: E402
-from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, machine, memlm,  # noqa: E402
-                                        read_json, run_experiment, run_queue, save_figure, shown, supervise)
+from bench.reproduce.experiment import (  # noqa: E402
+    FIGURES,
+    ExperimentError,
+    add_stop_options,
+    machine,
+    memlm,
+    read_json,
+    run_experiment,
+    run_queue,
+    save_figure,
+    shown,
+    supervise,
+)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "reproduce" / "copy_reverse.yaml"
@@ -114,7 +125,8 @@ def one_run(task: str, segments: int, arch: str, *, profile: str, work: Path, ur
     result = read_json(path)
     if "accuracy" not in result or not math.isfinite(result["nll"]):
         raise ExperimentError(f"{name}: the test evaluation gave no accuracy or a non-finite NLL ({path})")
-    row = {"task": task, "segments": segments, "init_from": shown(init_from) if init_from else None, "segments_spanned": spans, "task_length": length,
+    row = {"task": task, "segments": segments, "init_from": shown(init_from) if init_from else None,
+           "segments_spanned": spans, "task_length": length,
            "sample_tokens": sample_tokens(task, length), "arch": arch, "label": label,
            "accuracy": result["accuracy"], "answer_nll": result["nll"], "scored_tokens": result["tokens"],
            "documents": result["documents"], "steps": spec["steps"], "train_seconds": round(train_s, 1),

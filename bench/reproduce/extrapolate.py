@@ -21,8 +21,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
 from bench.common import RESULTS, ROOT, load_average, write_result  # noqa: E402
-from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, machine, memlm,  # noqa: E402
-                                        read_json, run_experiment, shown, supervise)
+from bench.reproduce.experiment import (  # noqa: E402
+    FIGURES,
+    ExperimentError,
+    add_stop_options,
+    machine,
+    memlm,
+    read_json,
+    run_experiment,
+    shown,
+    supervise,
+)
 
 MULTS = {"cpu": "1-10", "cpu_long": "1,4,10", "gpu": "1-10", "smoke": "1,2"}
 ARCHS = ("txl", "lamemo")
@@ -34,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="the wikitext2.py work folder (default runs/reproduce/wt2-PROFILE)")
     parser.add_argument("--seed", type=int, default=1, help="which seed's runs (default 1)")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray (default 2)")
-    parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_extrapolate_PROFILE.json)")
+    parser.add_argument("--out", type=Path,
+                        help="results JSON (default bench/results/reproduce_extrapolate_PROFILE.json)")
     add_stop_options(parser)
     args = parser.parse_args(argv)
     supervise(args)

@@ -13,7 +13,6 @@ import time
 
 from bench.reproduce.children import CHILDREN
 
-
 _PRINTING = threading.Lock()
 
 

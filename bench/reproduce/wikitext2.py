@@ -1,6 +1,7 @@
 """WikiText-2 at word level: every architecture at one small config, equal steps and tokens, several seeds.
 
-    .venv/bin/python bench/reproduce/wikitext2.py                   # profile cpu -> bench/results/reproduce_wt2_cpu.json
+    .venv/bin/python bench/reproduce/wikitext2.py                   # profile cpu ->
+    bench/results/reproduce_wt2_cpu.json
     .venv/bin/python bench/reproduce/wikitext2.py --profile gpu     # the WikiText-103 base shape (a GPU)
     .venv/bin/python bench/reproduce/wikitext2.py --profile smoke   # seconds: a few lines of WikiText-2, 3 steps
 
@@ -36,9 +37,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
 from bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_json, write_result  # noqa: E402
-from bench.reproduce.experiment import (FIGURES, ExperimentError, add_stop_options, last_metrics,  # noqa: E402
-                                        machine, mean_spread, memlm, read_json, run_experiment, run_queue,
-                                        save_figure, shown, supervise)
+from bench.reproduce.experiment import (  # noqa: E402
+    FIGURES,
+    ExperimentError,
+    add_stop_options,
+    last_metrics,
+    machine,
+    mean_spread,
+    memlm,
+    read_json,
+    run_experiment,
+    run_queue,
+    save_figure,
+    shown,
+    supervise,
+)
 from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "reproduce" / "wikitext2.yaml"
@@ -129,7 +142,8 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
         eval_s[split] = memlm(["eval", str(run_dir), "--split", split, "--json", str(path)], log, name=name)
         evals[split] = read_json(path)
     row = summarize_run(variant, label, seed, run_dir, evals)
-    row.update(train_seconds=None if train_s is None else round(train_s, 1), eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
+    row.update(train_seconds=None if train_s is None else round(train_s, 1),
+               eval_seconds={k: round(v, 1) for k, v in eval_s.items()},
                load_before=load_before, load_after=load_average())
     write_json(row_path, row)
     RUNS.finish(name, f"test ppl {row['test_ppl']:.2f}, valid ppl {row['valid_ppl']:.2f}, {row['tokens_per_s']:.0f} "
@@ -185,7 +199,8 @@ def table(rows: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | test ppl | valid ppl | seeds | params | GFLOPs/token | tokens/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| model | test ppl | valid ppl | seeds | params | GFLOPs/token | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['label']} | {r['test_ppl']:.1f} ± {r['test_ppl_spread']:.1f} | {r['valid_ppl']:.1f} ± "
                      f"{r['valid_ppl_spread']:.1f} | {len(r['seeds'])} | {r['params']:,} | "
@@ -219,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--work", type=Path, help="runs, data and logs (default runs/reproduce/wt2-PROFILE)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of: " + ", ".join(VARIANTS))
     parser.add_argument("--seeds", help="comma-separated seeds (default: the profile's)")
     parser.add_argument("--uri", help="MLflow tracking URI (default sqlite:///WORK/mlflow.db)")
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_wt2_PROFILE.json)")

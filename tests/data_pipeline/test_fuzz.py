@@ -3,7 +3,8 @@ turns a hang into a failure). Surfaces: the config loader (random dotted keys, t
 files), the command line in-process (`memlm config`, `train`, `eval`, `prepare` with random overrides and flag values:
 one `memlm: error:` line and exit 2, or success; never a traceback), the corpus readers and the shard reader (random
 and truncated bytes: DataError naming the file, never another exception), and data folders whose manifest and
-shards disagree. FUZZ_COUNTS records how many examples each surface ran (bench/bench_fault_check.py reports them).
+shards disagree. FUZZ_COUNTS records how many examples each surface ran (bench/benchmarks/bench_fault_check.py reports
+them).
 """
 
 from __future__ import annotations

@@ -287,7 +287,8 @@ def test_build_model_ties_or_not(cutoffs, div_val):
 
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 autocast on CUDA (bench/gpu_run.sh runs this)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="bf16 autocast on CUDA (bench/benchmarks/gpu_run.sh runs this)")
 def test_gpu_chunked_head_under_bf16_autocast_matches_the_full_path():
     """On a GPU model.head_loss=auto is chunked: under bf16 autocast its NLL and gradients match the full path's
     (both round the same bf16 matmuls; tolerances of bf16)."""

@@ -2,7 +2,7 @@
 references check.
 
 Here on the CPU: forward only (FlexAttention has no CPU backward in torch 2.13), for `attend` itself on every mask
-kind and for every arch over several segments with resets, memory included. On a GPU (`bash bench/gpu_run.sh`
+kind and for every arch over several segments with resets, memory included. On a GPU (`bash bench/benchmarks/gpu_run.sh`
 runs this file there) also the loss and every parameter's gradient, in fp32 and bf16, with FlexAttention compiled.
 """
 
@@ -20,7 +20,8 @@ from memlm.models.rmt import rmt_allowed, rmt_positions
 from support.models import tiny_model_config
 
 CUDA = torch.cuda.is_available()
-gpu_only = pytest.mark.skipif(not CUDA, reason="FlexAttention's backward needs CUDA (bench/gpu_run.sh runs this)")
+gpu_only = pytest.mark.skipif(not CUDA,
+                              reason="FlexAttention's backward needs CUDA (bench/benchmarks/gpu_run.sh runs this)")
 
 ARCHS = {
     "transformer": dict(arch="transformer", mem_len=0),

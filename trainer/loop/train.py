@@ -198,7 +198,8 @@ class Trainer:
             config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
         if self.info.world_size == 1 and cfg.deepspeed.zero_stage == 0:
             # One rank has nothing to average, yet DeepSpeed would still flatten every gradient into buckets,
-            # all-reduce them over gloo and copy them back (~5% of a CPU step, bench/bench_trainer.py). DeepSpeed
+            # all-reduce them over gloo and copy them back (~5% of a CPU step, bench/benchmarks/bench_trainer.py).
+            # DeepSpeed
             # takes this same path itself when it has no process group. ZeRO >= 1 partitions through the
             # reduction, so it keeps it.
             self.engine.enable_backward_allreduce = False

@@ -4,7 +4,8 @@ A CPU training step allocates hundreds of MB of activations and frees them at it
 free region of more than ~64 MiB at the top of the heap is returned to the kernel (trimmed), and blocks above the
 mmap threshold get their own mapping that is unmapped on free. The next step asks for the same memory again and
 the kernel zero-fills it page by page: every 4 KiB page of every large tensor costs a page fault, each step. In
-the benchmark step (bench/bench_allocator.py) removing them made a step 1.07-1.10x faster (11-23k faults per step
+the benchmark step (bench/benchmarks/bench_allocator.py) removing them made a step 1.07-1.10x faster (11-23k faults per
+step
 gone), more under bf16, where matmuls are faster and the same faults weigh more.
 
 So every memlm process (through trainer.runtime.process.prepare_process) raises glibc's trim threshold and fixes its

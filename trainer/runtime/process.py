@@ -20,7 +20,7 @@ process beside a 2-thread `memlm eval` on 2 cores made it 3-4x slower on an othe
 slower on one busy with other work as well: the thread that shares its core spins through its time slices while
 its partner waits for it. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, read once, when torch loads) avoids that
 but pays a wake-up per parallel region: the README's eval ran at 0.54x on an idle 2-core VM
-(bench/bench_threads_shared.py). So a count memlm chose itself (the affinity rule, one rank on the node)
+(bench/benchmarks/bench_threads_shared.py). So a count memlm chose itself (the affinity rule, one rank on the node)
 follows the load instead: `refit_threads()`, for the loops that run torch work to call once per step (a clock
 read unless a measurement is due), measures how much of this process's cores other processes used since the
 last measurement (the cores' busy time in /proc/stat minus this process's own CPU time; the first 0.25 s after

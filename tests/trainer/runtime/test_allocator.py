@@ -66,7 +66,7 @@ def test_memlm_processes_keep_step_memory_mapped():
 def test_opting_out_and_not_preparing_leave_malloc_alone():
     """MEMLM_MALLOC=system keeps glibc's defaults; importing memlm without prepare_process changes nothing.
     (glibc's own dynamic thresholds then decide, and whether they trim between steps depends on the heap's
-    layout, so only the decision is checked here; bench/bench_allocator.py measures the effect.)"""
+    layout, so only the decision is checked here; bench/benchmarks/bench_allocator.py measures the effect.)"""
     assert run_steps("prepare", MEMLM_MALLOC="system")["tuned"] is False
     assert run_steps("import-only")["tuned"] is None
 

@@ -3,7 +3,8 @@ it
 owns, so processes that share a machine never oversubscribe it, and a count memlm chose itself follows the load
 (one thread less per core other processes keep busy); and the DeepSpeed op cache is keyed by the environment.
 The side-by-side tests read the thread counts the processes chose (their stderr lines), never a timing (speed
-is bench/bench_threads_shared.py). They start real processes without OMP_NUM_THREADS (child_env sets it; these
+is bench/benchmarks/bench_threads_shared.py). They start real processes without OMP_NUM_THREADS (child_env sets it;
+these
 tests remove it).
 """
 
