@@ -15,7 +15,23 @@ BPTT_MODES = ("window", "chunk")
 ATTENTION_KERNELS = ("auto", "eager", "flex")
 HEAD_LOSSES = ("auto", "full", "chunked")
 RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
-            "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows")
+            "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "bptt_recipe", "bptt_start_memory",
+            "bptt_new_segment_cache", "memory_init_grad", "bptt_replay_reduction")
+# RMT's window BPTT: four choices where memlm's training step and the RMT authors' loop (booydar/LM-RMT) differ.
+# Each option left "" takes its value from model.bptt_recipe; values: (memlm's, the authors').
+BPTT_RECIPES = ("memlm", "authors")
+BPTT_CHOICES = {
+    # The memory the replay of the window starts from: written by the previous step's replay (current weights, one
+    # step old), or stored when the oldest window segment was new (weights k steps old).
+    "bptt_start_memory": ("replayed", "stored"),
+    # The Transformer-XL cache the new segment reads: stored at the previous step, or recomputed by the replay.
+    "bptt_new_segment_cache": ("stored", "replayed"),
+    # The learned initial memory: trained from the first step, or always read detached (the authors' loop starts
+    # every replay from a detached copy of it).
+    "memory_init_grad": ("trained", "detached"),
+    # bptt_replay_loss's reduction: one mean over every scored token, or the sum of per-segment means (--bptt_bp).
+    "bptt_replay_reduction": ("token_mean", "segment_sum"),
+}
 
 
 class ConfigError(ValueError):
@@ -73,6 +89,16 @@ class ModelConfig:
     # Only the write rows attend to the cache (memlm's behaviour before it followed the authors' mask).
     write_mem_from_cache: bool = False
     cache_memory_rows: bool = True  # the cache keeps the last M rows of [read | tokens | write], not tokens only
+    # Window BPTT as memlm trains it ("memlm") or as the RMT authors' loop does ("authors"); see BPTT_CHOICES.
+    bptt_recipe: str = "memlm"
+    bptt_start_memory: str = ""
+    bptt_new_segment_cache: str = ""
+    memory_init_grad: str = ""
+    bptt_replay_reduction: str = ""
+
+    def bptt_choice(self, name: str) -> str:
+        """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""
+        return getattr(self, name) or BPTT_CHOICES[name][BPTT_RECIPES.index(self.bptt_recipe)]
 
     @property
     def embed_dim(self) -> int:
@@ -149,6 +175,13 @@ class ModelConfig:
                                   "truncated BPTT over bptt_depth + 1 new segments)")
             if self.bptt_replay_loss and self.bptt_mode != "window":
                 raise ConfigError("model.bptt_replay_loss only applies to model.bptt_mode=window; remove it")
+            if self.bptt_recipe not in BPTT_RECIPES:
+                raise ConfigError(f"model.bptt_recipe: unknown value {self.bptt_recipe!r}; valid: "
+                                  f"{', '.join(BPTT_RECIPES)}")
+            for name, values in BPTT_CHOICES.items():
+                if getattr(self, name) not in ("", *values):
+                    raise ConfigError(f"model.{name}: unknown value {getattr(self, name)!r}; valid: "
+                                      f"{', '.join(values)} (or leave it empty for model.bptt_recipe's)")
         else:
             for name in RMT_ONLY:
                 if getattr(self, name) != getattr(defaults, name):

@@ -77,7 +77,10 @@ def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT
         return SegmentRecurrence(memory, device)
     if model_cfg.bptt_mode == "chunk":
         return ChunkBPTT(memory, device, model_cfg.bptt_depth)
-    return WindowBPTT(memory, device, model_cfg.bptt_depth, model_cfg.bptt_replay_loss)
+    return WindowBPTT(memory, device, model_cfg.bptt_depth, model_cfg.bptt_replay_loss,
+                      start_memory=model_cfg.bptt_choice("bptt_start_memory"),
+                      new_segment_cache=model_cfg.bptt_choice("bptt_new_segment_cache"),
+                      replay_reduction=model_cfg.bptt_choice("bptt_replay_reduction"))
 
 
 def plain_state(state: Any) -> Any:
@@ -205,37 +208,55 @@ class ChunkBPTT(_Recurrence):
 class WindowBPTT(_Recurrence):
     """The RMT paper's BPTT: replay the last k segments before each new one, see the module docstring.
 
-    State: `memory` holds the memory tokens before the oldest window segment (its `cache` field is the cache after
-    the newest segment, which the next new segment reads); `window` the up to k segments to replay, oldest first.
+    State: `memory` holds the memory tokens before the oldest window segment, as the previous step's replay wrote
+    them (its `cache` field is the cache after the newest segment, which the next new segment reads); `window` the
+    up to k segments to replay, oldest first; `stored` (start_memory "stored" only) the memory each window segment
+    would have read when it was new, i.e. what the new segment before it wrote, and `written` what the last new
+    segment wrote.
+
+    Where the RMT authors' loop chooses otherwise (models/config.py BPTT_CHOICES, model.bptt_recipe): start_memory
+    "stored" starts the replay from the oldest segment's stored memory instead of the replayed one;
+    new_segment_cache "replayed" gives the new segment the cache the replay just recomputed instead of the stored
+    one; replay_reduction "segment_sum" sums the scored segments' mean NLLs instead of one mean over their tokens.
     """
 
     kind = "rmt-window"
 
-    def __init__(self, memory: Any, device, depth: int, replay_loss: bool = False):
+    def __init__(self, memory: Any, device, depth: int, replay_loss: bool = False, start_memory: str = "replayed",
+                 new_segment_cache: str = "stored", replay_reduction: str = "token_mean"):
         super().__init__(memory, device)
         self.depth, self.replay_loss = depth, replay_loss
+        self.start_memory, self.new_segment_cache, self.replay_reduction = (start_memory, new_segment_cache,
+                                                                          replay_reduction)
         self.window: list[Segment] = []
+        self.stored: list[Any] = []
+        self.written = memory
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
         tokens, targets, reset = self._read(next_batch)
-        memory = dataclasses.replace(self.memory, transitions=0)  # cut from every earlier graph
-        scored, after_replay, nll, count = [], [], None, 0
+        start = self.stored[0] if self.start_memory == "stored" and self.window else self.memory
+        memory = dataclasses.replace(start, transitions=0)  # cut from every earlier graph
+        scored, after_replay, parts = [], [], []  # parts: (summed NLL, targets) per scored segment
         for seg in self.window:
             out = forward(seg.tokens, dataclasses.replace(memory, cache=seg.cache), reset=seg.reset,
                           targets=seg.targets if self.replay_loss else None)
             if self.replay_loss:
-                seg_nll, seg_count = _segment_figures(out, seg.targets)
-                nll, count = (seg_nll if nll is None else nll + seg_nll), count + seg_count
+                parts.append(_segment_figures(out, seg.targets))
                 scored.append(out)
             memory = out.memory
             after_replay.append(memory)
-        out = forward(tokens, dataclasses.replace(memory, cache=self.memory.cache), reset=reset, targets=targets)
+        cache = memory.cache if self.new_segment_cache == "replayed" and self.window else self.memory.cache
+        out = forward(tokens, dataclasses.replace(memory, cache=cache), reset=reset, targets=targets)
         new_nll, new_count = _segment_figures(out, targets)
-        nll, count = (new_nll if nll is None else nll + new_nll), count + new_count
+        parts.append((new_nll, new_count))
         scored.append(out)
-        self._next = (Segment(tokens, targets, reset, self.memory.cache), out.memory,
+        self._next = (Segment(tokens, targets, reset, cache), out.memory,
                       after_replay[0] if after_replay else out.memory)
-        loss = nll / max(count, 1) + _aux_mean(scored)
+        if self.replay_reduction == "segment_sum":
+            nll_term = sum(seg_nll / max(seg_count, 1) for seg_nll, seg_count in parts)
+        else:
+            nll_term = sum(seg_nll for seg_nll, _ in parts) / max(sum(c for _, c in parts), 1)
+        loss = nll_term + _aux_mean(scored)
         return MicroBatch(loss, new_nll.detach(), new_count, tokens.numel())
 
     def advance(self) -> None:
@@ -243,27 +264,45 @@ class WindowBPTT(_Recurrence):
         segment, newest, after_oldest = self._next
         self._next = None
         self.window.append(segment)
+        if self.start_memory == "stored":
+            self.stored.append(_detached(self.written))  # what this segment read "when new": the last one's output
+        self.written = newest
         start = self.memory
         if len(self.window) > self.depth:
             self.window.pop(0)
+            if self.stored:
+                self.stored.pop(0)
             start = after_oldest
         self.memory = dataclasses.replace(_detached(start), cache=_detached(newest.cache))
 
     def clear(self) -> None:
         """Memory emptied and nothing left to replay: the next segment's loss reaches no earlier segment."""
         super().clear()
-        self.window = []
+        self.window, self.stored, self.written = [], [], self.memory
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "memory": plain_state(self.memory), "window": plain_state(self.window)}
+        state = {"kind": self.kind, "memory": plain_state(self.memory), "window": plain_state(self.window)}
+        if self.start_memory == "stored":
+            state.update(stored=plain_state(self.stored), written=plain_state(_detached(self.written)))
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
         empty = torch.empty(0)
         segment = Segment(tokens=empty, targets=empty, reset=empty, cache=self.memory.cache)
-        self.memory = rebuild_state(self.memory, state["memory"], self.device, "memory")
+        template = self.memory
+        self.memory = rebuild_state(template, state["memory"], self.device, "memory")
         self.window = rebuild_state([segment], state["window"], self.device, "window")
         if len(self.window) > self.depth:
             raise RecurrenceStateError(
                 f"the checkpoint replays {len(self.window)} segments but model.bptt_depth is {self.depth}; set "
                 "model.bptt_depth back to the checkpoint's, or start a new run folder")
+        if self.start_memory == "stored":
+            if "stored" not in state:
+                raise RecurrenceStateError(
+                    "the checkpoint was written with model.bptt_start_memory=replayed (it holds no stored "
+                    "memories); resume with that setting (or the bptt_recipe that gave it), or start a new run folder")
+            self.stored = rebuild_state([template], state["stored"], self.device, "stored")
+            self.written = rebuild_state(template, state["written"], self.device, "written")
+        else:
+            self.written = self.memory

@@ -129,39 +129,53 @@ def test_gradient_reach_with_the_transformer_xl_cache():
 # ---------------------------------------------------------------- window == an explicit replay loop
 
 
-def explicit_replay_run(model, batches, k, steps, lr, replay_loss=False):
+def explicit_replay_run(model, batches, k, steps, lr, replay_loss=False, start="replayed", new_cache="stored",
+                        reduction="token_mean"):
     """The paper's procedure written plainly: before each new segment t, rerun segments t-k..t-1 with the current
     weights, starting from the memory that segment t-k-1 wrote the last time it ran (in the previous step, where it
     was the first segment run); every segment reads the Transformer-XL cache it read when it was new. SGD step
-    after each. Returns [(loss, {name: grad})] per step."""
+    after each. Returns [(loss, {name: grad})] per step.
+
+    The RMT authors' choices (booydar/LM-RMT, train_synthetic.py's loop): start="stored" starts the rerun from the
+    memory the segment before t-k wrote when IT was new (kept, detached, since then); new_cache="replayed" gives
+    segment t the cache its reruns just produced; reduction="segment_sum" adds the scored segments' mean NLLs."""
     cache_read = {}  # segment index -> the cache it read when it was new
+    wrote_when_new = {}  # segment index -> the memory the segment before it wrote when that one was new
     live_cache = model.init_memory(B).cache
+    last_new = model.init_memory(B)  # what the last new segment wrote
     previous_first = None  # (index, memory it wrote) of the first segment run in the previous step
     history = []
     for t in range(steps):
-        cache_read[t] = live_cache
+        wrote_when_new[t] = last_new.detached()
         first = max(0, t - k)
         if first == 0:
             mem = model.init_memory(B)
+        elif start == "stored":
+            mem = wrote_when_new[first]
         else:
             assert previous_first[0] == first - 1
             mem = previous_first[1].detached()
-        nll_sum, count, aux = 0.0, 0, []
+        parts, aux = [], []
         for j in range(first, t + 1):
             b = batches[j]
             scored = j == t or replay_loss
+            if j == t:  # the new segment
+                cache_read[t] = mem.cache if new_cache == "replayed" and first < t else live_cache
             mem_in = type(mem)(tokens=mem.tokens, fresh=mem.fresh, transitions=mem.transitions, cache=cache_read[j])
             out = model(b.tokens, mem_in, reset=b.reset, targets=b.targets if scored else None)
             if scored:
-                nll_sum = nll_sum + out.nll.sum()
-                count += int((b.targets != -100).sum())
+                parts.append((out.nll.sum(), int((b.targets != -100).sum())))
                 if out.aux_loss is not None:
                     aux.append(out.aux_loss)
             if j == first:
                 previous_first = (j, out.memory)
             mem = out.memory
-        live_cache = mem.cache
-        loss = nll_sum / count + (sum(aux) / len(aux) if aux else 0.0)
+        live_cache, last_new = mem.cache, mem
+        if reduction == "segment_sum":
+            nll_term = sum(nll / count for nll, count in parts)
+        else:
+            nll_term = sum(nll for nll, _ in parts) / sum(count for _, count in parts)
+        loss = nll_term + (sum(aux) / len(aux) if aux else 0.0)
         model.zero_grad()
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -175,7 +189,8 @@ def explicit_replay_run(model, batches, k, steps, lr, replay_loss=False):
 
 def recurrence_run(model, batches, k, steps, lr, replay_loss=False):
     stream = iter(batches)
-    recurrence = WindowBPTT(model.init_memory(B), "cpu", k, replay_loss)
+    recurrence = make_recurrence(model.cfg, model.init_memory(B), "cpu")
+    assert isinstance(recurrence, WindowBPTT) and recurrence.replay_loss == replay_loss
     history = []
     for _ in range(steps):
         mb = recurrence.step(model, lambda: next(stream))
@@ -208,6 +223,59 @@ def test_window_equals_explicit_replay_loop(k, mem_len, replay_loss, aux):
         for name in grads_w:
             torch.testing.assert_close(grads_g[name], grads_w[name], rtol=1e-5, atol=1e-7, msg=f"step {t} {name}")
     assert want[-1][0] != want[0][0]  # the weights really moved between steps
+
+
+# The RMT authors' choice for each option alone, then all four at once through model.bptt_recipe.
+AUTHORS_OPTIONS = {
+    "stored_start": dict(cfg={"bptt_start_memory": "stored"}, loop={"start": "stored"}),
+    "replayed_cache": dict(cfg={"bptt_new_segment_cache": "replayed"}, loop={"new_cache": "replayed"}),
+    "segment_sum": dict(cfg={"bptt_replay_reduction": "segment_sum"}, loop={"reduction": "segment_sum"}),
+    "detached_init": dict(cfg={"memory_init_grad": "detached"}, loop={}),
+    "authors_recipe": dict(cfg={"bptt_recipe": "authors"},
+                           loop={"start": "stored", "new_cache": "replayed", "reduction": "segment_sum"}),
+}
+
+
+@pytest.mark.parametrize("option", sorted(AUTHORS_OPTIONS))
+def test_each_authors_choice_equals_the_explicit_loop(option):
+    """Losses and every gradient over several SGD steps, with a Transformer-XL cache, replay loss and aux loss on,
+    and document starts inside windows. A detached initial memory is checked against a loop whose model holds
+    memory_init as a constant: the same function, and no gradient ever reaches it."""
+    k, steps = 2, 8
+    spec = AUTHORS_OPTIONS[option]
+    batches = make_batches(steps, {0: {4}, 1: {2, 6}}, seed=5)
+    torch.manual_seed(13)
+    common = dict(bptt_depth=k, mem_len=4, bptt_replay_loss=True, aux_loss_weight=0.1)
+    model_a = build_model(tiny(**common)).train()
+    model_b = build_model(tiny(**common, **spec["cfg"])).train()
+    model_b.load_state_dict(model_a.state_dict())
+    if model_b.cfg.bptt_choice("memory_init_grad") == "detached":
+        model_a.learned.memory_init.requires_grad_(False)
+    want = explicit_replay_run(model_a, batches, k, steps, lr=0.5, replay_loss=True, **spec["loop"])
+    got = recurrence_run(model_b, batches, k, steps, lr=0.5, replay_loss=True)
+    for t, ((loss_w, grads_w), (loss_g, grads_g)) in enumerate(zip(want, got)):
+        assert loss_g == pytest.approx(loss_w, rel=1e-6, abs=1e-7), f"step {t}"
+        assert grads_g.keys() == grads_w.keys(), f"step {t}"
+        for name in grads_w:
+            torch.testing.assert_close(grads_g[name], grads_w[name], rtol=1e-5, atol=1e-7, msg=f"step {t} {name}")
+    detached = model_b.cfg.bptt_choice("memory_init_grad") == "detached"
+    assert any("memory_init" in name for name in got[0][1]) != detached
+
+
+def test_the_authors_choices_change_the_training():
+    """Each choice alone makes a difference a test could see (otherwise the tests above would prove nothing)."""
+    k, steps = 2, 6
+    batches = make_batches(steps, {1: {3}}, seed=5)
+    runs = {}
+    for option, spec in {"memlm": {"cfg": {}}, **AUTHORS_OPTIONS}.items():
+        torch.manual_seed(13)
+        model = build_model(tiny(bptt_depth=k, mem_len=4, bptt_replay_loss=True, **spec["cfg"])).train()
+        runs[option] = recurrence_run(model, batches, k, steps, lr=0.5, replay_loss=True)
+    for option in AUTHORS_OPTIONS:
+        differs = any(abs(a[0] - b[0]) > 1e-6 or any(not torch.allclose(a[1][n], b[1].get(n, torch.zeros(0)))
+                                                     for n in a[1] if n in b[1])
+                      for a, b in zip(runs["memlm"], runs[option]))
+        assert differs, option
 
 
 # ---------------------------------------------------------------- tokens per step and the aux weight
