@@ -137,7 +137,8 @@ def test_reshard_reads_a_zero0_checkpoint(data, tmp_path, capsys):
     dict(model__bptt_mode="window", model__mem_len=8, model__aux_loss_weight=0.01),
     dict(model__bptt_mode="window", model__bptt_depth=3, model__bptt_replay_loss="true"),
     dict(model__bptt_mode="chunk", model__mem_len=8, model__cache_memory_rows="false"),
-], ids=["window-txl-cache-aux", "window-k3-replay-loss", "chunk-token-cache"])
+    dict(model__bptt_mode="window", model__mem_len=8, model__bptt_replay_loss="true", model__bptt_recipe="authors"),
+], ids=["window-txl-cache-aux", "window-k3-replay-loss", "chunk-token-cache", "window-authors-recipe"])
 def test_rmt_resume_mid_window_and_document_is_bit_identical(variant, data, tmp_path):
     """RMT's replay window (or chunk memory) is per-rank checkpoint state: stopping with a full window in the middle
     of documents and resuming gives the uninterrupted run's losses bit for bit."""
@@ -153,6 +154,8 @@ def test_rmt_resume_mid_window_and_document_is_bit_identical(variant, data, tmp_
         assert len(state["window"]) == depth  # mid-window: the replay segments are saved
         resets = torch.stack([seg["reset"] for seg in state["window"]])
         assert not resets.all(dim=0).any()  # every lane is inside a document across the saved window
+        if variant.get("model__bptt_recipe") == "authors":  # the memories the replay starts from are saved too
+            assert len(state["stored"]) == len(state["window"]) and "written" in state
     train_in_process("rmt", data, split, resume=True, **common)
     assert losses(split) == full
 
