@@ -8,22 +8,13 @@ import pytest
 import torch
 
 from memlm.models import build_model
-from support.models import tiny_model_config
+from support.models import perturbed, tiny_model_config
 from support.reference import Weights, lamemo_reference, lane_doc_starts, sinusoid_vec
 
 N = 8
 
 
 tiny = functools.partial(tiny_model_config, arch="lamemo", tgt_len=N)
-
-def perturbed(model):
-    """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
 
 def run_lanes(model, tokens, targets, resets):
     """ModelOutputs of consecutive segments of tokens/targets [B, T]; resets[k]: None or [B] bool."""

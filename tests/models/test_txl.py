@@ -7,19 +7,10 @@ import pytest
 import torch
 
 from memlm.models import build_model
-from support.models import tiny_model_config
+from support.models import perturbed, tiny_model_config
 from support.reference import lane_doc_starts, txl_reference
 
 tiny = functools.partial(tiny_model_config, arch="txl")
-
-def perturbed(model):
-    """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
 
 def run_lanes(model, tokens, targets, seg_len, resets):
     """Model NLL [B, T] over tokens [B, T], segment by segment, memory carried; resets[k]: None or [B] bool."""

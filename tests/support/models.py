@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from memlm.models import ModelConfig
 
 # 2 layers, d 32, 2 heads x 16, d_inner 64, vocabulary 50, N = M = 8: small enough for the slow references.
@@ -11,3 +13,12 @@ TINY = dict(arch="txl", n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, 
 def tiny_model_config(**fields) -> ModelConfig:
     """TINY with `fields` replaced."""
     return ModelConfig(**{**TINY, **fields})
+
+
+def perturbed(model):
+    """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
