@@ -189,19 +189,22 @@ class AdaptiveLogSoftmax(nn.Module):
             weight = torch.cat([weight, self.cluster_weight.to(weight.dtype)])
             bias = torch.cat([bias, self.cluster_bias.to(bias.dtype)])
         nll = chunked_linear_nll(head_input, weight, bias, self._head_index(safe))
-        return (nll + self._tail_nll(flat, head_input, safe)).masked_fill(tgt < 0, 0.0)
+        if self.n_clusters > 1:
+            nll = nll + self._tail_nll(flat, head_input, safe)
+        return nll.masked_fill(tgt < 0, 0.0)
 
     def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
         """Only the clusters that hold a target are evaluated, and only on those positions."""
         safe = tgt.clamp(min=0)
         nll = -head.gather(1, self._head_index(safe)[:, None]).squeeze(1)
-        return nll + self._tail_nll(flat, head_input, safe)
+        return nll + self._tail_nll(flat, head_input, safe) if self.n_clusters > 1 else nll
 
     @torch.compiler.disable
     def _tail_nll(self, flat: Tensor, head_input: Tensor, safe: Tensor) -> Tensor:
         """[T]: -log p(token | its tail cluster) for targets in a tail cluster, 0 for the others; each cluster's
         softmax only on its own rows. Never compiled: how many rows a cluster gets changes every batch, and in a
-        compiled graph that would be a recompile (or a host sync inside it) per step."""
+        compiled graph that would be a recompile (or a host sync inside it) per step. Called only when there are
+        tail clusters: a plain softmax compiles without a break."""
         nll = torch.zeros(safe.shape, dtype=torch.float32, device=safe.device)
         for i in range(1, self.n_clusters):
             lo, hi = self.bounds[i]
