@@ -1,8 +1,9 @@
 """Document lanes: each batch row reads whole documents one after another, cut into segments of N targets.
 
 Token accounting (format.py): a document of T tokens gives T predictions; its inputs are [boundary] + doc[:-1]
-and its targets are doc. A segment never holds two documents: a document's last segment is padded (input =
-boundary id, target = -100) and reset is true on its first segment. (Continuous lanes: continuous.py.)
+and its targets are doc (or, for a Doc with start 1, inputs doc[:-1] and targets doc[1:]: T - 1 predictions). A segment
+never holds two documents: a document's last segment is padded (input = boundary id, target = -100) and reset is true
+on its first segment. (Continuous lanes: continuous.py.)
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class DocQueue:
             self.position += 1
             passed += 1
             doc = self._docs.get(int(self._order[offset]))
-            if doc is not None and doc.length > 0:
+            if doc is not None and doc.length > doc.start:
                 return doc
 
     def forget_block(self) -> None:
@@ -105,7 +106,7 @@ def fill_row(lane: Lane, inputs: np.ndarray, targets: np.ndarray, next_doc: Call
         doc = next_doc()
         if doc is None:
             return False, False
-        lane.doc, lane.offset, reset = doc, 0, True
+        lane.doc, lane.offset, reset = doc, doc.start, True  # start 1: token 0 is the first input (Doc)
     doc, off = lane.doc, lane.offset
     tokens = doc.tokens
     n = min(len(targets), doc.length - off)

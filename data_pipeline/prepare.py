@@ -189,7 +189,10 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
     splits = {split: _write(tmp, split, task_documents(task, split, options), tok.vocab_size, shard_tokens, progress,
                             total=options["docs"][split])
               for split in SPLITS}
-    return _manifest({"kind": "task", "input": None, "task": task, "options": options}, tok, splits)
+    # first_target: where a document's targets start (shard_source.Doc.start), read by every stream of the data.
+    corpus = {"kind": "task", "input": None, "task": task, "options": options,
+              "first_target": 0 if options["predict_first"] else 1}
+    return _manifest(corpus, tok, splits)
 
 
 # ---------------------------------------------------------------- shared

@@ -25,11 +25,17 @@ from .shards import load_manifest, read_shard
 
 @dataclass
 class Doc:
-    """One document as a lane sees it: token ids in the on-disk dtype and the optional 0/1 loss mask."""
+    """One document as a lane sees it: token ids in the on-disk dtype and the optional 0/1 loss mask.
+
+    start: the first token that is a target. 0: the boundary id is the input before token 0 (every corpus by
+    default); 1: token 0 is an input only, as the RMT authors' loader cuts a sample (`src[:-1]` -> `tgt[1:]`), so a
+    document of T tokens gives T - 1 predictions (a task prepared with predict_first false).
+    """
 
     index: int
     tokens: np.ndarray
     mask: np.ndarray | None = None
+    start: int = 0
     length: int = field(init=False)  # len(tokens), read on every segment
 
     def __post_init__(self) -> None:
@@ -52,6 +58,7 @@ class ShardSource:
         tokenizer = manifest["tokenizer"]
         self.vocab_size = int(tokenizer["vocab_size"])
         self.boundary_id = int(tokenizer["boundary_id"])
+        self.first_target = int(manifest.get("corpus", {}).get("first_target", 0))  # Doc.start of every document
         self.dtype = token_dtype(self.vocab_size)
         self.documents = int(self.entry["documents"])
         self.tokens = int(self.entry["tokens"])
@@ -101,7 +108,7 @@ class ShardSource:
                 tokens = np.asarray(sample["tokens"])
                 mask = sample.get("mask")
                 docs[int(sample["index"])] = Doc(int(sample["index"]), tokens,
-                                                 None if mask is None else np.asarray(mask))
+                                                 None if mask is None else np.asarray(mask), self.first_target)
             expected = range(entry["first_index"], entry["first_index"] + entry["documents"])
             if len(docs) != len(expected) or any(i not in docs for i in (expected[0], expected[-1])):
                 raise DataError(f"shard {path} holds documents {sorted(docs)[:3]}... but the manifest says "
@@ -112,7 +119,8 @@ class ShardSource:
         return docs
 
     def lengths(self) -> np.ndarray:
-        """Token count of every document of the split (index order); -1 for documents of skipped shards.
+        """Predictions of every document of the split (index order): its token count less `first_target`; -1 for
+        documents of skipped shards.
 
         A cheap pre-pass: each shard is hashed (so every rank sees the same set of corrupt shards and computes
         the same number of evaluation batches) and its tar headers are read; the token payloads are not parsed.
@@ -132,7 +140,7 @@ class ShardSource:
             except (DataError, OSError, tarfile.TarError, ValueError) as err:
                 self._corrupt(shard_id, err)
                 continue
-            out[indices] = counts
+            out[indices] = np.maximum(counts - self.first_target, 0)
         return out
 
 

@@ -80,6 +80,9 @@ class LaneStream:
             reader = rank * num_workers + worker
         else:  # document i -> rank i % world_size; the rank's k-th document -> worker k % num_workers
             reader = rank + world_size * worker
+        if continuous and self.source.first_target:
+            raise DataError(f"{data_dir} holds samples whose first token is an input only (a task prepared with "
+                            "predict_first=false): they are read in document lanes, set data.continuous false")
         if continuous:
             # Every reader cuts the same stream, so each needs every length; this pass also verifies every shard.
             self.cont = ContinuousLanes(self.source, self.source.lengths(), reader, readers, lanes,

@@ -22,6 +22,11 @@ Tasks (defaults follow the paper's appendix A):
                generate it), and the roots are the text after the last ";". The paper pads each step to 30
                characters; we do not (the stream pads segments).
 
+Every task also takes `predict_first` (default true): false makes the sample's first token an input only, as the
+RMT authors' loader cuts a sample (`src[:-1]` -> `tgt[1:]`), so a sample of T tokens is T - 1 predictions and splits
+into exactly the segments the paper's Figure 4 counts (copy 24 -> 48: 72 predictions). Retrieval's `query` is the
+marker before the queried key ("??", Ba et al.; the RMT authors' generator has none: "").
+
 Sizes: `length` (copy/reverse symbols, retrieval pairs) sets how many segments a sample spans. Splits are generated
 from different seeds (seed, split), so train, valid and test differ; the same seed gives the same bytes (numpy's
 PCG64 streams are stable for the pinned numpy).
@@ -48,9 +53,12 @@ DEFAULT_DOCS = 10_000  # training samples; valid and test get a tenth each (the 
 DEFAULTS = {
     "copy": {"length": 24, "copies": 2, "alphabet": string.ascii_lowercase},
     "reverse": {"length": 24, "alphabet": string.ascii_lowercase},
-    "retrieval": {"length": 4},  # key/value pairs
+    "retrieval": {"length": 4, "query": QUERY},  # key/value pairs
     "quadratic": {"root_range": 100, "alpha_max": 10, "no_roots": 0.2},
 }
+for _options in DEFAULTS.values():
+    _options["predict_first"] = True  # false: the first token is an input only (the RMT authors' cut)
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,23 @@ def resolve_options(task: str, options: dict | None = None) -> dict:
         if key not in resolved:
             hint = " (--task-length does not apply to quadratic)" if key == "length" else ""
             raise DataError(f"task {task!r} has no option {key!r}{hint}; it takes {', '.join(sorted(DEFAULTS[task]))}")
-        resolved[key] = type(resolved[key])(value)
+        resolved[key] = _typed(key, resolved[key], value)
     _check(task, resolved)
     return resolved
+
+
+def _typed(key: str, default, value):
+    """`value` (from YAML, Python or a --task-option string) as the option's type; booleans spelled out."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in TRUE + FALSE:
+            return str(value).lower() in TRUE
+        raise DataError(f"task option {key} is true or false, got {value!r}")
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise DataError(f"task option {key} wants a {type(default).__name__}, got {value!r}") from None
 
 
 def _split_docs(docs) -> dict:
@@ -108,6 +130,8 @@ def _check(task: str, o: dict) -> None:
         bad = set(o["alphabet"]) - set(string.ascii_letters + string.digits)
         if len(set(o["alphabet"])) < 2 or bad:
             raise DataError(f"task alphabet must be at least two letters/digits, got {o['alphabet']!r}")
+    if "query" in o and set(o["query"]) & set(string.ascii_letters + string.digits + SEP + "\n"):
+        raise DataError(f"retrieval: query marker {o['query']!r} must not use letters, digits, {SEP!r} or a newline")
     if task == "copy" and o["copies"] < 1:
         raise DataError(f"copy: copies must be >= 1, got {o['copies']}")
     if task == "quadratic":
@@ -165,7 +189,7 @@ def _retrieval(rng: np.random.Generator, o: dict) -> Sample:
     keys = ["".join(letters[(k // len(letters) ** p) % len(letters)] for p in range(key_len)) for k in chosen]
     values = rng.integers(0, 10, size=pairs)
     query = int(rng.integers(0, pairs))
-    prompt = "".join(f"{k}{v}" for k, v in zip(keys, values)) + QUERY + keys[query]
+    prompt = "".join(f"{k}{v}" for k, v in zip(keys, values)) + o["query"] + keys[query]
     return Sample(prompt, str(values[query]))
 
 

@@ -190,6 +190,8 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
                    help="samples per split (N: train N, valid and test N/10; default 10000)")
     p.add_argument("--task-length", type=int, metavar="L",
                    help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4)")
+    p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other task option, repeatable (e.g. alphabet=0123456789, predict_first=false, query=)")
     p.add_argument("--seed", type=int, default=0, help="task generation seed (default 0)")
     p.add_argument("--split-pages", action="store_true", help="enwik8: one document per <page> instead of per split")
     p.add_argument("--shard-tokens", type=int, default=50_000_000, metavar="T", help="tokens per shard (default 50M)")
@@ -204,6 +206,14 @@ def _run_prepare(args: argparse.Namespace) -> int:
     task_options = None
     if args.corpus == "task":
         task_options = {"docs": args.task_docs, "length": args.task_length, "seed": args.seed}
+        for item in args.task_option:
+            key, eq, value = item.partition("=")
+            if not eq or key in task_options:
+                from memlm.data_pipeline.format import DataError
+
+                raise DataError(f"--task-option {item!r}: give KEY=VALUE for an option other than docs, length "
+                                "and seed (they have their own flags)")
+            task_options[key] = value
     manifest = prepare(args.corpus, args.input, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                        task=args.task, task_options=task_options, shard_tokens=args.shard_tokens,
                        split_pages=args.split_pages, workers=args.workers, overwrite=args.overwrite,

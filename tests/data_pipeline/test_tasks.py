@@ -13,7 +13,7 @@ import pytest
 
 from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.shards import read_shard, verify_manifest
-from memlm.data_pipeline.tasks import SEP, TASKS, resolve_options, task_documents
+from memlm.data_pipeline.tasks import SEP, TASKS, generate, resolve_options, task_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = "200,50,50"
@@ -176,3 +176,106 @@ def test_a_nan_trial_is_never_the_best():
     assert best_row(rows, "valid_ppl", "min")["trial_id"] == "e"
     assert best_row(rows, "valid_ppl", "max")["trial_id"] == "b"
     assert best_row(rows[:1] + rows[2:4], "valid_ppl", "min") is None
+
+
+def _lane_view(data, split: str, seg_len: int, lanes: int) -> tuple[list[list[tuple[int, int]]], int]:
+    """Every document's (input, target) pairs as evaluation's lanes deliver them, and the batches it took.
+
+    Lane bookkeeping written out here: a lane that starts a document (reset) opens a new list; the pairs of
+    padding (target -100) are dropped; unscored targets (masked) stay, as their -100, so the count is checked too."""
+    from memlm.data_pipeline.stream import LaneStream
+
+    stream = LaneStream(data, split, lanes=lanes, seg_len=seg_len, mode="eval")
+    open_docs: dict[int, list] = {}
+    docs, batches = [], 0
+    for batch in stream:
+        batches += 1
+        for row in range(lanes):
+            if not batch.lane_active[row]:
+                continue
+            if batch.reset[row]:
+                open_docs[row] = []
+                docs.append(open_docs[row])
+            pairs = list(zip(batch.tokens[row].tolist(), batch.targets[row].tolist()))
+            open_docs[row].extend(pairs)
+    assert batches == stream.num_batches
+    return docs, batches
+
+
+@pytest.mark.parametrize("predict_first", [True, False])
+def test_predict_first_false_cuts_samples_as_the_rmt_authors(tmp_path, predict_first):
+    """predict_first false: a sample of T tokens is T - 1 predictions, inputs tokens[:-1] and targets tokens[1:]
+    (the authors' src[:-1] -> tgt[1:]), so copy 24 -> 48 is the paper's 72 and splits into exactly S segments of
+    72 / S; true (the default) keeps the boundary id as the input before the first token."""
+    from memlm.data_pipeline.prepare import prepare
+
+    options = {"docs": "6,3,5", "length": 24, "alphabet": "0123456789", "predict_first": predict_first}
+    prepare("task", None, tmp_path / "copy", task="copy", task_options=options, workers=1, progress=False)
+    samples = [s.text for s in generate("copy", "test", options)]
+    boundary = ord("\n")
+    for seg_len, lanes in ((72 // 9, 2), (72 // 4, 3), (72, 1)):
+        docs, batches = _lane_view(tmp_path / "copy", "test", seg_len, lanes)
+        assert len(docs) == len(samples) == 5
+        for text, pairs in zip(samples, docs):
+            ids = [ord(c) for c in text]
+            inputs = ids[:-1] if not predict_first else [boundary] + ids[:-1]
+            targets = ids[1:] if not predict_first else ids
+            answer_from = text.index(SEP) + 1  # the first scored target
+            scored = [t if i >= answer_from else -100 for i, t in zip(range(len(ids)), ids)]
+            scored = scored[1:] if not predict_first else scored
+            real = pairs[:len(inputs)]
+            assert [i for i, _ in real] == inputs and [t for _, t in real] == scored
+            assert all(t == -100 for _, t in pairs[len(inputs):])  # only padding after the sample
+            assert len(targets) == (72 if not predict_first else 73)
+            spans = -(-len(targets) // seg_len)
+            assert len(pairs) == spans * seg_len
+            if not predict_first:
+                assert spans == 72 // seg_len  # exactly the paper's segment count
+        predictions = len(samples[0]) - (0 if predict_first else 1)  # every copy sample has the same length
+        assert batches == -(-len(samples) // lanes) * -(-predictions // seg_len)
+
+
+def test_predict_first_false_is_refused_in_continuous_lanes(tmp_path):
+    from memlm.data_pipeline.prepare import prepare
+    from memlm.data_pipeline.stream import LaneStream
+
+    prepare("task", None, tmp_path / "rev", task="reverse",
+            task_options={"docs": "4,2,2", "length": 5, "predict_first": "false"}, workers=1, progress=False)
+    with pytest.raises(DataError, match="data.continuous false"):
+        LaneStream(tmp_path / "rev", "train", lanes=2, seg_len=4, continuous=True)
+
+
+def test_retrieval_without_query_marker_is_the_authors_ten_and_one():
+    """query "" + predict_first false: 4 pairs, the key, '>' and the value: 10 predictions, 1 scored (paper: 10/1)."""
+    options = resolve_options("retrieval", {"docs": "20,2,2", "query": "", "predict_first": False})
+    for tokens, mask, _ in task_documents("retrieval", "train", options):
+        text = bytes(tokens.astype(np.uint8)).decode()
+        assert len(tokens) - 1 == 10 and int(mask.sum()) == 1 and "?" not in text
+        pairs = dict(zip(text[0:8:2], text[1:8:2]))
+        assert len(pairs) == 4 and text[10] == pairs[text[8]]
+
+
+def test_typed_task_options():
+    assert resolve_options("copy", {"predict_first": "no"})["predict_first"] is False
+    assert resolve_options("copy", {"copies": "3"})["copies"] == 3
+    with pytest.raises(DataError, match="true or false"):
+        resolve_options("copy", {"predict_first": "perhaps"})
+    with pytest.raises(DataError, match="wants a int"):
+        resolve_options("copy", {"copies": "two"})
+    with pytest.raises(DataError, match="query marker"):
+        resolve_options("retrieval", {"query": "k"})
+
+
+def test_task_option_flag(tmp_path):
+    """--task-option KEY=VALUE reaches the generator; a malformed one is one line and exit 2."""
+    out = tmp_path / "ret"
+    base = [sys.executable, "-m", "memlm", "prepare", "--corpus", "task", "--task", "retrieval", "--out", str(out),
+            "--task-docs", "8,2,2", "--workers", "1"]
+    run = subprocess.run(base + ["--task-option", "query=", "--task-option", "predict_first=false"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    corpus = verify_manifest(out)["corpus"]
+    assert corpus["options"]["query"] == "" and corpus["first_target"] == 1
+    bad = subprocess.run(base + ["--overwrite", "--task-option", "predict_first"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "KEY=VALUE" in bad.stderr
