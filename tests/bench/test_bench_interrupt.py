@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = sorted(ROOT.glob("bench/benchmarks/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
-    ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "copy_reverse", "extrapolate")]
+    ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "rmt_tasks", "tasks_small", "extrapolate")]
 
 
 @pytest.mark.parametrize("signum, terminal", [(signal.SIGINT, True), (signal.SIGTERM, False)],

@@ -1,5 +1,5 @@
 """The reproduction experiments (bench/reproduce/) end to end at seconds-long sizes, and the answer accuracy the
-copy/reverse experiment reads from `memlm eval`.
+task experiments read from `memlm eval`.
 
 The smoke runs prove the pipeline: every file is written, perplexities are over every token of the split and
 accuracies over the answer tokens only. They never judge quality (3 training steps). Each experiment is first
@@ -181,21 +181,48 @@ def test_wikitext2_and_extrapolation_smoke(tmp_path):
         assert abs(row["lamemo_minus_txl"] - (row["lamemo_ppl"] - row["txl_ppl"])) < 1e-9
 
 
-def test_copy_reverse_smoke(tmp_path):
-    work = tmp_path / "tasks"
-    command = ("--profile", "smoke", "--work", str(work), "--tasks", "reverse")
+def test_rmt_tasks_smoke(tmp_path):
+    """The paper-setting script (copy 24 -> 48 in 3 segments of 24, each memory 24) for the four models: stopped by
+    SIGTERM while it trains, then run to its end; every run sees whole samples in every step, scores the answer only
+    and trains the gradient path its model names."""
+    import yaml
+
+    work = tmp_path / "rmt"
+    command = ("--profile", "smoke", "--work", str(work), "--tasks", "copy", "--segments", "3")
     # SIGTERM to the script alone (`kill PID`, a scheduler's preemption) while it trains: its children stop too.
-    stop = _stop(tmp_path, "copy_reverse.py", command, signal.SIGTERM, terminal=False,
+    stop = _stop(tmp_path, "rmt_tasks.py", command, signal.SIGTERM, terminal=False,
                  ready=lambda kids, out: _running(kids, "memlm train"))
     assert stop.status == 143
-    assert stop.stop_line.startswith("copy_reverse: stopped by SIGTERM: ended reverse-S")
-    assert "; 0 of 7 runs finished; rerun the same command to resume" in stop.stop_line and _finished(work) == []
-    _script("copy_reverse.py", *command)
+    assert stop.stop_line.startswith("rmt_tasks: stopped by SIGTERM: ended copy-S3")
+    assert "; 0 of 4 runs finished; rerun the same command to resume" in stop.stop_line and _finished(work) == []
+    _script("rmt_tasks.py", *command)
+    result = json.loads((work / "reproduce_rmt_tasks_smoke.json").read_text())
+    assert (work / "reproduce_rmt_tasks_smoke.png").is_file() and _finite_numbers(result)
+    assert sorted(r["arch"] for r in result["runs"]) == ["rmt", "rmt_bptt", "transformer", "txl"]
+    for run in result["runs"]:
+        assert (run["segments"], run["segment_len"]) == (3, 24)
+        assert run["scored_tokens"] == 16 * 48 and 0.0 <= run["accuracy"] <= 1.0  # 16 test samples x 48 answers
+        run_dir = ROOT / run["run_dir"] if not Path(run["run_dir"]).is_absolute() else Path(run["run_dir"])
+        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        # Each optimizer step takes the 4 lanes' whole samples: 4 x 48 answer tokens, whatever the model.
+        assert [row["tokens"] for row in steps] == [4 * 48, 2 * 4 * 48]
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        model, train = config["model"], config["train"]
+        assert model["tgt_len"] == 24
+        expected = {"transformer": (0, 0, 3, 0), "txl": (24, 0, 3, 0), "rmt": (0, 24, 3, 0),
+                    "rmt_bptt": (0, 24, 1, 2)}[run["arch"]]
+        assert (model["mem_len"], model["num_mem_tokens"], train["grad_accum"], model["bptt_depth"]) == expected
+        assert model["bptt_mode"] == ("chunk" if run["arch"] == "rmt_bptt" else "window")
+
+
+def test_tasks_small_smoke(tmp_path):
+    """The earlier small setting (N = 8, the task length grows with the segments), kept as the `small` profile: the
+    plain RMT at 2 and 4 segments and the curriculum run at 4 that starts from the weights trained at 2."""
+    work = tmp_path / "tasks"
+    _script("tasks_small.py", "--profile", "smoke", "--work", str(work), "--tasks", "reverse", "--archs", "rmt,rmt_cur")
     result = json.loads((work / "reproduce_tasks_smoke.json").read_text())
     assert (work / "reproduce_tasks_smoke.png").is_file() and _finite_numbers(result)
-    assert {(r["segments"], r["arch"]) for r in result["runs"]} == {
-        (s, a) for s in (2, 4) for a in ("transformer", "txl", "rmt")} | {(4, "rmt_cur")}
-    # The curriculum run starts from the weights of the plain RMT at 2 segments.
+    assert {(r["segments"], r["arch"]) for r in result["runs"]} == {(2, "rmt"), (4, "rmt"), (4, "rmt_cur")}
     (cur,) = [r for r in result["runs"] if r["arch"] == "rmt_cur"]
     assert cur["init_from"].endswith("reverse-S2-rmt")
     from memlm.data_pipeline.tasks import generate

@@ -1,8 +1,8 @@
 """Copy and reverse (RMT Figure 4): per-token answer accuracy as a sample spans 1, 2, 4 and 6 segments, for the
 no-memory Transformer+RPE, Transformer-XL (M = N) and RMT.
 
-    .venv/bin/python bench/reproduce/copy_reverse.py                   # -> bench/results/reproduce_tasks_cpu.json
-    .venv/bin/python bench/reproduce/copy_reverse.py --profile smoke   # CI: 2 and 4 segments, 3 steps
+    .venv/bin/python bench/reproduce/tasks_small.py                   # -> bench/results/reproduce_tasks_cpu.json
+    .venv/bin/python bench/reproduce/tasks_small.py --profile smoke   # CI: 2 and 4 segments, 3 steps
 
 The segment length stays N = 8 (configs/reproduce/copy_reverse.yaml), so every run reads the same tokens per step; the
 number of segments a sample spans comes from the task length L: a copy sample is `L symbols > the L symbols
@@ -212,15 +212,15 @@ def main(argv: list[str] | None = None) -> int:
                 prepare(task, task_length(task, s), work, spec["docs"])
         run_queue(jobs, args.jobs)
     except ExperimentError as err:
-        print(f"copy_reverse: error: {err}", file=sys.stderr)
+        print(f"tasks_small: error: {err}", file=sys.stderr)
         return 1
     rows = sorted((read_json(p) for p in (work / "runs").glob("*/reproduce_row.json")),
                   key=lambda r: (r["task"], r["segments"], list(ARCHS).index(r["arch"])))
     results, figures = (work, work) if args.profile == "smoke" else (RESULTS, FIGURES)
     figure = plot(rows, figures / f"reproduce_tasks_{args.profile}.png")
     out = args.out or results / f"reproduce_tasks_{args.profile}.json"
-    write_result(out, {"experiment": "copy_reverse", "profile": args.profile, "machine": machine(),
-                     "command": f"python bench/reproduce/copy_reverse.py --profile {args.profile}",
+    write_result(out, {"experiment": "tasks_small", "profile": args.profile, "machine": machine(),
+                     "command": f"python bench/reproduce/tasks_small.py --profile {args.profile}",
                      "preset": shown(PRESET), "steps": spec["steps"], "segment_len": N, "jobs": args.jobs,
                      "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
                      "load_end": load_average(), "figure": shown(figure), "runs": rows})
