@@ -21,7 +21,7 @@ from bench.common import RESULTS, ROOT  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
 
 REPORT = ROOT / "bench" / "REPORT.md"
-REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_tasks")
+REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_rmt_tasks", "reproduce_tasks")
 
 
 def fmt(value) -> str:
@@ -100,8 +100,29 @@ def render_tasks(data: dict) -> list[str]:
     return lines + [""]
 
 
+def render_rmt_tasks(data: dict) -> list[str]:
+    labels = {}
+    for r in data["runs"]:
+        labels.setdefault(r["arch"], r["label"])
+    authors = {(a["task"], a["segments"], a["arch"]): a for a in data.get("authors", [])}
+    lines = [f"**RMT Figure 4 in the paper's setting** (profile `{data['profile']}`: {data['steps']:,} optimizer "
+             "steps of 32 samples per run, the same for every model; memory = segment length N; test per-character "
+             "answer accuracy, teacher-forced; chance 0.1). In brackets, the authors' own runs of the cell "
+             "(experiment_results/short_synthetic+MT.csv, 250k-1M steps): median, and how many ended below 0.25.", "",
+             "| task | segments | N | " + " | ".join(labels.values()) + " |", "|---|---|---|" + "---|" * len(labels)]
+    for task, segments, n in sorted({(r["task"], r["segments"], r["segment_len"]) for r in data["runs"]}):
+        cells = []
+        for arch in labels:
+            hit = [r for r in data["runs"] if (r["task"], r["segments"], r["arch"]) == (task, segments, arch)]
+            ref = authors.get((task, segments, arch))
+            cell = f"{hit[0]['accuracy']:.3f}" if hit else "-"
+            cells.append(cell + (f" ({ref['median']:.2f}; {ref['near_chance']}/{len(ref['runs'])})" if ref else ""))
+        lines.append(f"| {task} | {segments} | {n} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 RENDERERS = {"reproduce_wt2": render_wt2, "reproduce_extrapolate": render_extrapolate,
-             "reproduce_tasks": render_tasks}
+             "reproduce_rmt_tasks": render_rmt_tasks, "reproduce_tasks": render_tasks}
 
 
 def generic(data: dict) -> list[str]:

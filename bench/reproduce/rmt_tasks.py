@@ -65,6 +65,7 @@ from bench.reproduce.experiment import (  # noqa: E402
     supervise,
 )
 from bench.reproduce.progress import RUNS  # noqa: E402
+from bench.reproduce.rmt_tasks_authors import summary  # noqa: E402
 
 PRESETS = ROOT / "configs" / "reproduce"
 DIGITS = "0123456789"
@@ -175,6 +176,14 @@ def _batch(spec: dict) -> int:
     return int(sizes[-1]) if sizes else 32
 
 
+def _authors_cell(task: str, segments: int, arch: str) -> str:
+    """' (authors: median m, k of n near chance)' where the authors report the cell."""
+    ref = summary(task, segments, arch)
+    if ref is None:
+        return ""
+    return f" (authors: {ref['median']:.2f}, {ref['near_chance']}/{len(ref['runs'])} near chance)"
+
+
 def plot(rows: list[dict], path: Path, profile: str) -> Path:
     import matplotlib
 
@@ -265,13 +274,17 @@ def main(argv: list[str] | None = None) -> int:
                        "presets": [shown(PRESETS / t.preset) for t in TASKS.values()], "steps": spec["steps"],
                        "docs": spec["docs"], "jobs": args.jobs or spec["jobs"],
                        "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
-                       "load_end": load_average(), "figure": shown(figure), "runs": rows})
+                       "load_end": load_average(), "figure": shown(figure), "runs": rows,
+                       "authors": [{"task": t, "segments": s, "arch": a, **summary(t, s, a)}
+                                   for t, s, a in sorted({(r["task"], r["segments"], r["arch"]) for r in rows})
+                                   if summary(t, s, a)]})
+    print("Accuracy here, and in brackets the authors' runs: their median, and how many ended near chance (< 0.25)")
     print("| task | segments | N | " + " | ".join(ARCHS.values()) + " |")
     print("|---|---|---|" + "---|" * len(ARCHS))
     for task in tasks:
         for s in sorted({r["segments"] for r in rows if r["task"] == task}):
             cells = [next((f"{r['accuracy']:.3f}" for r in rows if (r["task"], r["segments"], r["arch"]) ==
-                           (task, s, a)), "-") for a in ARCHS]
+                           (task, s, a)), "-") + _authors_cell(task, s, a) for a in ARCHS]
             print(f"| {task} | {s} | {segment_len(task, s)} | " + " | ".join(cells) + " |")
     print(f"wrote {out} and {figure}")
     return 0
