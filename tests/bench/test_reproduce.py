@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import psutil
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,47 +183,55 @@ def test_wikitext2_and_extrapolation_smoke(tmp_path):
 
 
 def test_rmt_tasks_smoke(tmp_path):
-    """The paper-setting script (copy 24 -> 48 in 3 segments of 24, each memory 24) for the four models: stopped by
-    SIGTERM while it trains, then run to its end; every run sees whole samples in every step, scores the answer only
-    and trains the gradient path its model names."""
-    import yaml
-
+    """The paper-setting script (copy 24 -> 48 in 3 segments of 24, memory 24), Transformer-XL and RMT with BPTT
+    (the two gradient paths: grad_accum over the segments, chunk BPTT over the sample): stopped by SIGTERM while it
+    trains, then run to its end; every optimizer step sees whole samples and only the answer is scored."""
     work = tmp_path / "rmt"
-    command = ("--profile", "smoke", "--work", str(work), "--tasks", "copy", "--segments", "3")
+    command = ("--profile", "smoke", "--work", str(work), "--tasks", "copy", "--segments", "3", "--archs",
+               "txl,rmt_bptt")
     # SIGTERM to the script alone (`kill PID`, a scheduler's preemption) while it trains: its children stop too.
     stop = _stop(tmp_path, "rmt_tasks.py", command, signal.SIGTERM, terminal=False,
                  ready=lambda kids, out: _running(kids, "memlm train"))
     assert stop.status == 143
     assert stop.stop_line.startswith("rmt_tasks: stopped by SIGTERM: ended copy-S3")
-    assert "; 0 of 4 runs finished; rerun the same command to resume" in stop.stop_line and _finished(work) == []
+    assert "; 0 of 2 runs finished; rerun the same command to resume" in stop.stop_line and _finished(work) == []
     _script("rmt_tasks.py", *command)
     result = json.loads((work / "reproduce_rmt_tasks_smoke.json").read_text())
     assert (work / "reproduce_rmt_tasks_smoke.png").is_file() and _finite_numbers(result)
-    assert sorted(r["arch"] for r in result["runs"]) == ["rmt", "rmt_bptt", "transformer", "txl"]
+    assert sorted(r["arch"] for r in result["runs"]) == ["rmt_bptt", "txl"]
     for run in result["runs"]:
         assert (run["segments"], run["segment_len"]) == (3, 24)
         assert run["scored_tokens"] == 16 * 48 and 0.0 <= run["accuracy"] <= 1.0  # 16 test samples x 48 answers
-        run_dir = ROOT / run["run_dir"] if not Path(run["run_dir"]).is_absolute() else Path(run["run_dir"])
-        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = [json.loads(line) for line in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
         # Each optimizer step takes the 4 lanes' whole samples: 4 x 48 answer tokens, whatever the model.
         assert [row["tokens"] for row in steps] == [4 * 48, 2 * 4 * 48]
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        model, train = config["model"], config["train"]
-        assert model["tgt_len"] == 24
-        expected = {"transformer": (0, 0, 3, 0), "txl": (24, 0, 3, 0), "rmt": (0, 24, 3, 0),
-                    "rmt_bptt": (0, 24, 1, 2)}[run["arch"]]
-        assert (model["mem_len"], model["num_mem_tokens"], train["grad_accum"], model["bptt_depth"]) == expected
-        assert model["bptt_mode"] == ("chunk" if run["arch"] == "rmt_bptt" else "window")
+
+
+@pytest.mark.parametrize("arch, expected", [
+    ("transformer", (0, 0, 3, 0, "window")), ("txl", (24, 0, 3, 0, "window")), ("rmt", (0, 24, 3, 0, "window")),
+    ("rmt_bptt", (0, 24, 1, 2, "chunk"))])
+def test_rmt_tasks_models(arch, expected):
+    """What each of the four models of rmt_tasks.py trains with at 3 segments of 24, read back from the config
+    `memlm train` would load: cache, memory tokens, micro-batches per step, BPTT depth and mode."""
+    from bench.reproduce.rmt_tasks import PRESETS, TASKS, arch_overrides, segment_len
+    from memlm.trainer.config.run_config import load_config
+
+    n = segment_len("copy", 3)
+    cfg = load_config(PRESETS / TASKS["copy"].preset, [*arch_overrides(arch, 3, n), f"model.tgt_len={n}"])
+    model = cfg.model
+    got = (model.mem_len, model.num_mem_tokens, cfg.train.grad_accum, model.bptt_depth, model.bptt_mode)
+    assert got == expected and model.tgt_len == 24
+    assert (model.n_layer, model.d_model, model.n_head, model.d_head, model.d_inner) == (4, 128, 4, 64, 256)
 
 
 def test_tasks_small_smoke(tmp_path):
     """The earlier small setting (N = 8, the task length grows with the segments), kept as the `small` profile: the
-    plain RMT at 2 and 4 segments and the curriculum run at 4 that starts from the weights trained at 2."""
+    curriculum run at 4 segments, which first trains the plain RMT at 2 and starts from its weights."""
     work = tmp_path / "tasks"
-    _script("tasks_small.py", "--profile", "smoke", "--work", str(work), "--tasks", "reverse", "--archs", "rmt,rmt_cur")
+    _script("tasks_small.py", "--profile", "smoke", "--work", str(work), "--tasks", "reverse", "--archs", "rmt_cur")
     result = json.loads((work / "reproduce_tasks_smoke.json").read_text())
     assert (work / "reproduce_tasks_smoke.png").is_file() and _finite_numbers(result)
-    assert {(r["segments"], r["arch"]) for r in result["runs"]} == {(2, "rmt"), (4, "rmt"), (4, "rmt_cur")}
+    assert {(r["segments"], r["arch"]) for r in result["runs"]} == {(2, "rmt"), (4, "rmt_cur")}
     (cur,) = [r for r in result["runs"] if r["arch"] == "rmt_cur"]
     assert cur["init_from"].endswith("reverse-S2-rmt")
     from memlm.data_pipeline.tasks import generate
