@@ -25,6 +25,8 @@ Token accounting: a document of T tokens contributes T predictions. Its first to
 tokenizer's `boundary_id` (WikiText: <eos>, the symbol that ends the line before an article; bytes: "\n"), so
 the stream's inputs are [boundary] + doc[:-1] and its targets are doc. Summed over a split this equals the
 manifest's `tokens`, which for WikiText-2/103 valid and test are the published counts (217,646 and 245,569).
+One exception, named in the manifest: a task corpus prepared with `predict_first` false has `corpus.first_target`
+1, and each of its documents gives T - 1 predictions (inputs doc[:-1], targets doc[1:]; shard_source.Doc.start).
 """
 
 from __future__ import annotations
