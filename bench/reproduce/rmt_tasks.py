@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     figure = plot(rows, figures / f"reproduce_rmt_tasks_{args.profile}.png", args.profile)
     out = args.out or results / f"reproduce_rmt_tasks_{args.profile}.json"
     write_result(out, {"experiment": "rmt_tasks", "profile": args.profile, "machine": machine(),
-                       "command": f"python bench/reproduce/rmt_tasks.py --profile {args.profile}",
+                       # this command; the rows are every finished run in the work folder, earlier commands' too
+                       "command": " ".join(["python bench/reproduce/rmt_tasks.py", *(argv if argv is not None
+                                                                                       else sys.argv[1:])]),
                        "presets": [shown(PRESETS / t.preset) for t in TASKS.values()], "steps": spec["steps"],
                        "docs": spec["docs"], "jobs": args.jobs or spec["jobs"],
                        "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
