@@ -56,20 +56,29 @@ def flex_attend(
 
     E = q.shape[-1]
     scale = 1.0 / math.sqrt(E)
-    query = ((q + bias_u) * scale).transpose(1, 2)  # [B, H, Q, E]; the scale is applied here, so the kernel's is 1
+    # q + bias_u is fp32 under autocast (an add is not autocast, the biases are fp32 parameters); the einsum path's
+    # content matmul autocasts it back to bf16, so the kernel gets the keys' dtype too (fp32 queries beside bf16
+    # keys also overflow the kernel's shared memory on an H100).
+    query = ((q + bias_u) * scale).to(k.dtype).transpose(1, 2)  # [B, H, Q, E]; scaled here, so the kernel's is 1
     position = torch.einsum("bqhe,phe->bhqp", (q + bias_v) * scale, r_k)  # [B, H, Q, P]
     index = pos_index.to(torch.int32)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + position[b, h, q_idx, index[q_idx, kv_idx]]
 
-    kernel = _compiled_flex() if q.is_cuda else flex_attention
-    with warnings.catch_warnings():
-        # Uncompiled (CPU evaluation) FlexAttention warns that it materialises the scores: that is the point here.
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        warnings.filterwarnings("ignore", message=".*return_lse is deprecated.*")
-        out = kernel(query, k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod, block_mask=block_mask,
-                     scale=1.0, **_lse_request(need_lognorm))
+    args = (query, k.transpose(1, 2), v.transpose(1, 2))
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=1.0, **_lse_request(need_lognorm))
+    if torch.compiler.is_compiling():
+        # Inside the model's own torch.compile: the kernel is traced into its graph. A warnings context here would
+        # break the graph at every layer.
+        out = flex_attention(*args, **kwargs)
+    else:
+        kernel = _compiled_flex() if q.is_cuda else flex_attention
+        with warnings.catch_warnings():
+            # Uncompiled (CPU evaluation) FlexAttention warns that it materialises the scores: that is the point.
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            warnings.filterwarnings("ignore", message=".*return_lse is deprecated.*")
+            out = kernel(*args, **kwargs)
     if need_lognorm:
         context, lognorm = out if isinstance(out, tuple) else (out, None)
         lognorm = getattr(lognorm, "lse", lognorm)  # AuxOutput (torch >= 2.9) or the bare tensor

@@ -44,13 +44,17 @@ for phase in $PHASES; do
     nvcc --version | tail -2
     [ -f COMMIT ] && echo "code: $(tail -1 COMMIT) (a git archive of it)" || { git log -1 --format='commit %H %s' 2>/dev/null; git status --short 2>/dev/null | head -20; }
     python3 - <<'EOF'
-import torch, deepspeed, webdataset, pydantic
-from deepspeed.accelerator import get_accelerator
+import importlib
+import torch
 p = torch.cuda.get_device_properties(0)
 print("python3 torch", torch.__version__, "cuda", torch.version.cuda, "device", p.name, "SMs", p.multi_processor_count,
       "mem GiB", round(p.total_memory / 2**30, 1), "bf16", torch.cuda.is_bf16_supported())
-print("deepspeed", deepspeed.__version__, "accelerator", get_accelerator()._name, "pydantic", pydantic.VERSION,
-      "webdataset", webdataset.__version__)
+# Phases equal and fast need torch alone; mfu's trainer phase needs these (carried as wheels).
+for name in ("deepspeed", "webdataset", "pydantic", "triton"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+    except ImportError:
+        print(name, "not installed")
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
 for _ in range(3): a @ b
 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -95,23 +99,32 @@ get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
     # softmax head under bf16: the GPU half of tests/models/test_attention_flex.py and test_adaptive.py (pytest
     # and its few dependencies travel in .whl).
     stamp "GPU equality tests: flex = eager, chunked head = full"
-    timeout $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider tests/models/test_attention_flex.py \
-      tests/models/test_adaptive.py -k gpu 2>&1 | tail -25
+    # EQUAL_WORKERS=N runs them in N pytest-xdist workers (each compiles its own kernels; the GPU images have xdist).
+    workers=""; [ -n "${EQUAL_WORKERS:-}" ] && workers="-n $EQUAL_WORKERS"
+    timeout $(( $(left) < ${EQUAL_LIMIT:-600} ? $(left) - 5 : ${EQUAL_LIMIT:-600} )) python3 -m pytest -q \
+      -p no:cacheprovider $workers tests/models/test_attention_flex.py tests/models/test_adaptive.py -k gpu 2>&1 | tail -40
     ;;
   fast)
     # The fast path: FlexAttention, the chunked head, torch.compile (inductor), at the paper's 410 / 10 x 41 shape
     # and the aligned 512 / 8 x 64 one, at FAST_LANES lanes; each JSON row has the compile time (warmup_s), graph
     # breaks and recompiles after warm-up. One arch per command, so a slow compile costs one row, not the phase.
-    for lanes in ${FAST_LANES:-64 128}; do
-      for shape in paper aligned; do
-        for arch in ${FAST_ARCHS:-txl lamemo rmt transformer}; do
-          if [ "$(left)" -lt 90 ]; then stamp "skip fast $shape $arch $lanes: $(left) s left"; continue; fi
-          widths=""; [ $shape = aligned ] && widths="--d-model 512 --n-head 8 --d-head 64 --d-inner 2048"
-          stamp "mfu bf16 fast path: $arch, $shape shape, $lanes lanes"
-          timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_mfu.py --compile --attention flex --head-loss chunked \
-            --archs $arch --lanes $lanes $widths --out "$OUT/mfu_cuda_fast_${shape}_${arch}_${lanes}.json" ${MFU_ARGS:-}
-        done
-      done
+    # FAST_RUNS="SHAPE:ARCH:LANES ..." runs exactly those, in that order (most wanted first, as the budget may cut
+    # the tail); by default every lanes x shape x arch of FAST_LANES, paper and aligned, FAST_ARCHS.
+    runs=${FAST_RUNS:-}
+    if [ -z "$runs" ]; then
+      for lanes in ${FAST_LANES:-64 128}; do for shape in paper aligned; do
+        for arch in ${FAST_ARCHS:-txl lamemo rmt transformer}; do runs="$runs $shape:$arch:$lanes"; done
+      done; done
+    fi
+    for run in $runs; do
+      IFS=: read -r shape arch lanes <<< "$run"
+      if [ "$(left)" -lt 90 ]; then stamp "skip fast $shape $arch $lanes: $(left) s left"; continue; fi
+      widths=""; [ "$shape" = aligned ] && widths="--d-model 512 --n-head 8 --d-head 64 --d-inner 2048"
+      stamp "mfu bf16 fast path: $arch, $shape shape, $lanes lanes"
+      # FAST_LIMIT (s) caps one run, so one slow compile cannot take the rest of the budget.
+      limit=$(( $(left) - 5 )); [ "$limit" -gt "${FAST_LIMIT:-600}" ] && limit=${FAST_LIMIT:-600}
+      timeout "$limit" python3 bench/benchmarks/bench_mfu.py --compile --attention flex --head-loss chunked \
+        --archs "$arch" --lanes "$lanes" $widths --out "$OUT/mfu_cuda_fast_${shape}_${arch}_${lanes}.json" ${MFU_ARGS:-}
     done
     ;;
   aligned)

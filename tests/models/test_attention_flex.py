@@ -76,6 +76,25 @@ def test_a_mask_shared_by_the_lanes_covers_every_lane():
     torch.testing.assert_close(got_lse, want_lse, rtol=0, atol=1e-5)
 
 
+def test_the_kernel_gets_queries_in_the_keys_dtype(monkeypatch):
+    """bf16 q, k, v with fp32 biases under autocast: q + u is fp32, and the kernel must still get bf16 queries, as
+    the einsum path's autocast content matmul does (fp32 queries overflowed the kernel's shared memory on an H100)."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    seen = []
+    kernel = flex_module.flex_attention
+    monkeypatch.setattr(flex_module, "flex_attention",
+                        lambda q, k, v, **kw: seen.append(q.dtype) or kernel(q, k, v, **kw))
+    B, N, H, E = 2, 4, 2, 16
+    q, k, v, r_k, u, bias_v = _inputs(B, N, N, H, E, N, seed=4)
+    allowed = causal_allowed(N, 0, torch.zeros(1, 0, dtype=torch.bool), False)
+    bf16 = torch.bfloat16
+    with torch.autocast("cpu", dtype=bf16):
+        flex_attend(q.to(bf16), k.to(bf16), v.to(bf16), r_k.to(bf16), causal_index(N, 0, "cpu"),
+                    flex_mask(allowed, B), u, bias_v)
+    assert seen == [bf16]
+
+
 def _run_segments(model, tokens, resets):
     """Three segments of every lane, memory carried; the NLL of each and the final memory's tensors."""
     memory = model.init_memory(tokens.shape[0], device=tokens.device)
@@ -127,6 +146,21 @@ def test_every_arch_flex_equals_eager_over_segments(variant):
             assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("variant", ["txl", "lamemo", "rmt_with_cache"])
+def test_the_flex_path_compiles_into_one_graph(variant):
+    """torch.compile of the whole model traces every layer's FlexAttention into one graph: no graph break (a warnings
+    context around the kernel once broke the graph at every layer on the H100, 6 breaks per step). Traced for
+    evaluation, as the CPU has no FlexAttention backward."""
+    import torch._dynamo
+
+    cfg = tiny_model_config(**ARCHS[variant], attention="flex")
+    model = build_model(cfg).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.tgt_len + 1), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        found = torch._dynamo.explain(model)(tokens[:, :-1], model.init_memory(2, device="cpu"), targets=tokens[:, 1:])
+    assert (found.graph_count, found.graph_break_count) == (1, 0), [r.reason for r in found.break_reasons]
+
+
 def test_auto_is_eager_on_the_cpu_and_flex_is_taken_when_asked():
     """auto builds no FlexAttention mask on the CPU (so the einsum path runs); flex does."""
     allowed = torch.ones(1, 4, 4, dtype=torch.bool)
@@ -149,8 +183,9 @@ GRAD_TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # relative to each
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("variant", sorted(ARCHS))
 def test_gpu_flex_loss_and_gradients_equal_eager(variant, dtype):
-    cfg = tiny_model_config(**ARCHS[variant], n_head=4, d_head=32, d_model=128, d_inner=256, tgt_len=16,
-                            mem_len=0 if ARCHS[variant].get("mem_len") == 0 else 16)
+    # The variant's own settings win where it names them (mem_len 0 for the memoryless ones).
+    cfg = tiny_model_config(**{**dict(n_head=4, d_head=32, d_model=128, d_inner=256, tgt_len=16, mem_len=16),
+                               **ARCHS[variant]})
     torch.manual_seed(0)
     eager = build_model(cfg).cuda().train()
     flex = build_model(tiny_model_config(**{**cfg.__dict__, "attention": "flex"})).cuda().train()
