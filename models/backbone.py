@@ -1,6 +1,7 @@
 """Pieces every architecture shares: adaptive embedding and softmax, relative-position biases, layer stack.
 
-Shape legend: B lanes, N segment length, L layers, D model width, H heads, E head width, V vocabulary.
+Shape legend: B lanes, N segment length, Q query rows, M cached rows, P relative distances, L layers, D model width,
+H heads, E head width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from .attention import RelativeLayer
+from .attention import RelativeLayer, attend
 from .config import ModelConfig
 
 
@@ -79,6 +80,32 @@ class Backbone(nn.Module):
         from .attention_flex import flex_mask
 
         return flex_mask(allowed, lanes)
+
+    def layer_step(
+        self,
+        layer: RelativeLayer,
+        h: Tensor,  # [B, Q, D] the segment's rows (RMT: memory tokens around them)
+        cached: Tensor,  # [B, M, D] this layer's cached rows from earlier segments
+        r: Tensor,  # [P, D] relative encodings of the P distances pos_index names
+        pos_index: Tensor,  # [Q, M + Q] long
+        allowed: Tensor,  # [B or 1, Q, M + Q] bool
+        bias_u: Tensor,  # [H, E]
+        bias_v: Tensor,  # [H, E]
+        block_mask,  # flex_mask(allowed) or None (einsum path)
+        record: Callable[[Tensor], None] | None,
+    ) -> Tensor:
+        """One decoder layer over h attending to its cache and itself (Transformer-XL's recurrence, RMT's cache):
+        the new h [B, Q, D]. LaMemo has its own. `compile_layers` compiles this, the one graph every layer reuses."""
+        q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # k, v [B, K, H, E]
+        context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
+                            layer.attn.dropatt, need_lognorm=False, record=record, flex_block_mask=block_mask)
+        return layer.finish(h, context)
+
+    def compile_layers(self, **options) -> None:
+        """torch.compile one layer's work (`layer_step`) instead of the whole forward: every layer runs the same
+        graph, so the compile costs one layer's, not n_layer unrolled ones' (on an H100 a whole 16-layer forward
+        outran 100 s of compile). The embedding, the masks and the head stay eager. options: torch.compile's."""
+        self.layer_step = torch.compile(self.layer_step, **options)  # an instance attribute: shadows the method
 
     def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
         return bias[layer] if self.cfg.untie_r else bias

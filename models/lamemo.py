@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .attention import attend, causal_allowed, causal_index, relative_encodings
+from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
 from .output import ModelOutput, cut
 from .txl import reset_valid, roll_valid
@@ -113,40 +113,21 @@ class LaMemo(Backbone):
 
         learned = self.learned.fetch()
         new_context, new_lognorm = [], []
+        rows = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D] the layer input over memory and segment
         for l, layer in enumerate(self.layers):
-            u, v_left = self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l)
-            keys_in = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D]
-            q, k, v = layer.attn.project(layer.attn_input(keys_in))  # [B, K, H, E] each
-            r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
-            ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, u, v_left, layer.attn.dropatt,
-                                          record=self.record_to("causal", l), flex_block_mask=mask_cur)
-
-            ctx_mem, lognorm_mem = memory.context[l].to(dtype), memory.lognorm[l]
+            v_ahead = None
             if cfg.lookahead:
-                if cfg.rpe == "xl":
-                    v_ahead = v_left
-                else:
-                    v_ahead = self.layer_bias(learned["bias_v_ahead"], l)
-                r_k_ahead = r_k[1 : M + 1] if r_ahead is None else layer.attn.project_positions(r_ahead)
-                window = slice(start, M + 1)
-                ctx_ahead, lognorm_ahead = attend(
-                    q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, u, v_ahead,
-                    layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
-                    record=self.record_to("lookahead", l), flex_block_mask=mask_ahead,
-                )
-                ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
-                                                         record=self.record_to("alpha", l))
-
-            ctx_all = torch.cat([ctx_mem, ctx_cur], dim=1)  # [B, K, H, E]
-            if l < L - 1:
-                out = layer.finish(keys_in, ctx_all)  # [B, K, D]
-                h_mem, h_cur = out[:, :M], out[:, M:]
-            else:  # the last layer's memory output would feed nothing: only its cache is updated
-                h_cur = layer.finish(h_cur, ctx_cur)
+                v_ahead = self.layer_bias(learned["bias_v" if cfg.rpe == "xl" else "bias_v_ahead"], l)
+            rows, ctx_all, lognorm_all = self.layer_step(
+                layer, rows, memory.context[l].to(dtype), memory.lognorm[l], r_cur, r_ahead,
+                index_cur, allowed_cur, mask_cur, start, index_ahead, allowed_ahead, mask_ahead,
+                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), v_ahead, l == L - 1,
+                (self.record_to("causal", l), self.record_to("lookahead", l), self.record_to("alpha", l)),
+            )
             new_context.append(cut(ctx_all[:, -M:]))
-            new_lognorm.append(cut(torch.cat([lognorm_mem, lognorm_cur], dim=1)[:, -M:]))
+            new_lognorm.append(cut(lognorm_all[:, -M:]))
 
-        nll, logits = self.predict(h_cur, targets, return_logits)
+        nll, logits = self.predict(rows, targets, return_logits)  # the last layer's rows: the segment's
         new_memory = LaMemoMemory(
             embed=cut(torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:]),
             context=new_context,
@@ -154,6 +135,49 @@ class LaMemo(Backbone):
             valid=roll_valid(valid, N, M),
         )
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
+
+    def layer_step(
+        self,
+        layer: RelativeLayer,
+        rows: Tensor,  # [B, K, D] this layer's input over the memory positions and the segment (K = M + N)
+        ctx_mem: Tensor,  # [B, M, H, E] the memory's cached attention context
+        lognorm_mem: Tensor,  # [B, M, H] and its log-normaliser
+        r_cur: Tensor,  # [M + N, D] encodings of distances 0..M+N-1
+        r_ahead: Tensor | None,  # [M, D] look-ahead encodings, None where rows 1..M of r_cur serve
+        index_cur: Tensor, allowed_cur: Tensor, mask_cur,  # the segment's causal attention
+        start: int, index_ahead: Tensor, allowed_ahead: Tensor, mask_ahead,  # the memory's look-ahead
+        bias_u: Tensor, bias_v: Tensor, bias_v_ahead: Tensor | None,  # [H, E] each
+        last: bool,  # the last layer: its memory rows feed nothing, only the cache is updated
+        records: tuple,  # (causal, lookahead, alpha) receivers or None (analyses)
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One LaMemo layer: the segment attends causally to memory and itself; the memory looks ahead at the
+        segment and its context is interpolated with the cached one (eq. 10-11). Returns the next layer's rows
+        ([B, K, D]; the last layer's: the segment's alone, [B, N, D]), this layer's updated context [B, K, H, E]
+        and log-normaliser [B, K, H] (the cache keeps the last M). Rows travel whole between layers, not split
+        into memory and segment views, so every layer's input has one layout and `compile_layers` makes two
+        graphs (the inner layers' and the last one's)."""
+        M = self.cfg.mem_len
+        N = rows.shape[1] - M
+        record_causal, record_ahead, record_alpha = records
+        q, k, v = layer.attn.project(layer.attn_input(rows))  # [B, K, H, E] each
+        r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
+        ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, bias_u, bias_v, layer.attn.dropatt,
+                                      record=record_causal, flex_block_mask=mask_cur)
+        if self.cfg.lookahead:
+            r_k_ahead = r_k[1 : M + 1] if r_ahead is None else layer.attn.project_positions(r_ahead)
+            window = slice(start, M + 1)
+            ctx_ahead, lognorm_ahead = attend(
+                q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, bias_u, bias_v_ahead,
+                layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
+                record=record_ahead, flex_block_mask=mask_ahead,
+            )
+            ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
+                                                     record=record_alpha)
+        ctx_all = torch.cat([ctx_mem, ctx_cur], dim=1)  # [B, K, H, E]
+        lognorm_all = torch.cat([lognorm_mem, lognorm_cur], dim=1)  # [B, K, H]
+        if last:
+            return layer.finish(rows[:, M:], ctx_cur), ctx_all, lognorm_all
+        return layer.finish(rows, ctx_all), ctx_all, lognorm_all
 
     def _interpolate(
         self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import attend, relative_encodings
+from .attention import relative_encodings
 from .backbone import Backbone
 from .output import ModelOutput, cut
 from .txl import TXLMemory, last_rows, reset_valid, roll_valid
@@ -199,13 +199,8 @@ class RecurrentMemoryTransformer(Backbone):
             if M:
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
                 new_cache.append(cut(last_rows(cached, rows, M)))
-            q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # k, v [B, K, H, E]
-            context, _ = attend(
-                q, k, v, layer.attn.project_positions(r), pos_index, allowed,
-                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
-                need_lognorm=False, record=self.record_to("rmt", l), flex_block_mask=block_mask,
-            )
-            h = layer.finish(h, context)
+            h = self.layer_step(layer, h, cached, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
+                                self.layer_bias(learned["bias_v"], l), block_mask, self.record_to("rmt", l))
 
         _, hidden, write = h.split([R, N, R], dim=1)
         nll, logits = self.predict(hidden, targets, return_logits)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import attend, causal_allowed, causal_index, relative_encodings
+from .attention import causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
 from .output import ModelOutput, cut
 
@@ -81,13 +81,8 @@ class TransformerXL(Backbone):
             mem_in = memory.hidden[l].to(h.dtype)  # [B, M, D]
             if M:
                 new_hidden.append(cut(last_rows(mem_in, h, M)))
-            q, k, v = layer.attn.project_with_memory(layer.attn_input(mem_in), layer.attn_input(h))  # k, v [B, K, H, E]
-            context, _ = attend(
-                q, k, v, layer.attn.project_positions(r), pos_index, allowed,
-                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), layer.attn.dropatt,
-                need_lognorm=False, record=self.record_to("causal", l), flex_block_mask=block_mask,
-            )
-            h = layer.finish(h, context)
+            h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
+                                self.layer_bias(learned["bias_v"], l), block_mask, self.record_to("causal", l))
 
         nll, logits = self.predict(h, targets, return_logits)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))

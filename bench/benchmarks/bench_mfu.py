@@ -99,7 +99,11 @@ def bench_arch(arch: str, args) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg).to(args.device).train()
     n_params = sum(p.numel() for p in model.parameters())
-    forward = torch.compile(model) if args.compile else model
+    forward = model
+    if args.compile and args.compile_scope == "layer":
+        model.compile_layers(dynamic=False)  # one layer's graph, reused by every layer
+    elif args.compile:
+        forward = torch.compile(model)
     fused = args.device.startswith("cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=fused)
     gen = torch.Generator().manual_seed(1)
@@ -144,7 +148,8 @@ def bench_arch(arch: str, args) -> dict:
     fwd = flops_per_token(cfg, batch_size=args.lanes)["total"]
     achieved = tokens_per_s * 3 * fwd
     name, peak = peak_flops(args.device)
-    row = {"arch": arch, "params": n_params, "compiled": bool(args.compile), "attention": args.attention,
+    row = {"arch": arch, "params": n_params, "compiled": bool(args.compile),
+           "compile_scope": args.compile_scope if args.compile else None, "attention": args.attention,
            "head_loss": args.head_loss, "lanes": args.lanes, "step_s_median": median,
            # torch.compile's work: graphs captured during warm-up (the compile time is most of warmup_s), graph
            # breaks, and captures after warm-up (recompiles: a shape or guard that changed while timing; want 0).
@@ -229,6 +234,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
+    parser.add_argument("--compile-scope", choices=["model", "layer"], default="model",
+                        help="with --compile: the whole forward, or one layer's work (Backbone.compile_layers)")
     parser.add_argument("--attention", choices=["auto", "eager", "flex"], default="auto",
                         help="model.attention (auto: FlexAttention on CUDA)")
     parser.add_argument("--head-loss", choices=["auto", "full", "chunked"], default="auto",

@@ -3,6 +3,7 @@
     python3.11 bench/benchmarks/bench_peers.py --setup     # fresh clone: make .bench-venv with the peers, run (~12 min)
     python3.11 bench/benchmarks/bench_peers.py             # run again (re-executes itself inside .bench-venv)
     python3.11 bench/benchmarks/bench_peers.py --shapes small --steps 3 --warmup 1       # quick look (~1 min)
+    python3 bench/benchmarks/bench_peers.py --device cuda --shapes gpu-aligned --precisions bf16   # on a lent GPU
 
 Peers (pinned in bench/benchmarks/peers/requirements*.txt, installed into ./.bench-venv, never into the product's
 .venv):
@@ -35,6 +36,12 @@ them at once need ~25 GB; lucidrains' RMT and labml-nn have neither adaptive sof
 there they meet memlm built with their head: one full softmax, untied, the "peer-head" variant). Writes
 bench/results/peers_cpu.json and bench/results/peers_cpu.md. Never part of the test suite; nothing here asserts
 a timing.
+
+On a GPU (`--device cuda`, bench/benchmarks/gpu_run.sh phase `peers`): the peers come from PYTHONPATH (wheels
+installed to /tmp/site; no venv is entered), the shapes are "gpu-aligned" (512 / 8 x 64 / 2048) and "gpu-paper"
+(the WikiText-103 base) at 64 lanes with the adaptive softmax, the models are stepped as above with the device
+synchronised at the end of each step, memlm also as "fast" (its layers compiled), and no matmul floor is
+recorded: the hardware limit there is bench_mfu.py's MFU. Writes bench/results/peers_cuda.json and .md.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
@@ -75,8 +83,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed rounds per group, every shape (default: small 20, wt103 2)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: small 3, wt103 1)")
     p.add_argument("--wt103-lanes", type=int, default=2, help="lanes B at the WikiText-103 shape")
-    p.add_argument("--out", default=str(RESULTS / "peers_cpu.json"),
-                   help="JSON path; the Markdown table goes next to it with the suffix .md")
+    p.add_argument("--device", default="cpu", help="cpu (one thread, in .bench-venv) or cuda (peers on PYTHONPATH)")
+    p.add_argument("--no-floor", action="store_true", help="record no matmul floor (always so on cuda)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default bench/results/peers_DEVICE.json); the Markdown table goes next to it "
+                        "with the suffix .md")
     return p.parse_args(argv)
 
 
@@ -131,8 +142,11 @@ def enter_bench_venv(argv: list[str]) -> None:
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    os.environ["OMP_NUM_THREADS"] = "1"  # before torch loads its OpenMP runtime
-    os.environ["MKL_NUM_THREADS"] = "1"
+    cuda = args.device.startswith("cuda")
+    floor_wanted = not (cuda or args.no_floor)
+    if not cuda:
+        os.environ["OMP_NUM_THREADS"] = "1"  # before torch loads its OpenMP runtime
+        os.environ["MKL_NUM_THREADS"] = "1"
     import gc
     import platform
     import statistics
@@ -141,8 +155,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     warnings.filterwarnings("ignore", message=".*_register_pytree_node.*")  # transformers 4.34 on torch 2.13
     import torch
 
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    if not cuda:
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
     from bench.benchmarks.peers import PRECISIONS, RUNNERS, Shape, make_batches
     from bench.benchmarks.peers.matmul_floor import MatmulFloor
     from memlm.trainer.runtime.allocator import tune_allocator
@@ -163,6 +178,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                                ("memlm-rmt:peer-head", "lucidrains-rmt"),
                                ("memlm-rmt-xl:peer-head", "lucidrains-rmt-xl"))),
     }
+    # On a GPU: 64 lanes (bench_mfu.py's), the adaptive softmax, memlm as the trainer runs it and "fast".
+    # memlm's fast variant first: a peer's ratio is against the first memlm entry of its kind in the group.
+    gpu_groups = (("memlm-txl:fast", "memlm-txl", "hf-transfoxl"),
+                  ("memlm-txl:peer-head", "labml-txl"),
+                  ("memlm-rmt:peer-head", "lucidrains-rmt"))
+    shapes["gpu-aligned"] = Shape("gpu-aligned", n_layer=16, d_model=512, n_head=8, d_head=64, d_inner=2048,
+                                  vocab=267735, tgt_len=150, mem_len=150, lanes=64, mem_tokens=10,
+                                  cutoffs=(20000, 40000, 200000), token_law="zipf", warmup=3, steps=10,
+                                  groups=gpu_groups)
+    shapes["gpu-paper"] = replace(shapes["gpu-aligned"], name="gpu-paper", d_model=410, n_head=10, d_head=41,
+                                  d_inner=2100)
     chosen_shapes = [s for s in args.shapes.split(",") if s]
     precisions = [p for p in args.precisions.split(",") if p]
     for s in chosen_shapes:
@@ -193,6 +219,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu": cpu_name(),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
@@ -203,15 +230,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "allocator": {"tuned": allocator.tuned, "reason": allocator.reason},
         "shapes": {},
     }
-    md_parts = [f"# Peer benchmark (`bench/benchmarks/bench_peers.py`)\n\ntorch {torch.__version__}, 1 thread, "
-                f"{cpu_name()}; "
+    md_parts = [f"# Peer benchmark (`bench/benchmarks/bench_peers.py`)\n\ntorch {torch.__version__}, "
+                f"{torch.cuda.get_device_name() if cuda else '1 thread, ' + cpu_name()}; "
                 f"libraries: " + ", ".join(f"{k} {v}" for k, v in report["libraries"].items() if v) + "\n"]
 
     for shape_name in chosen_shapes:
         shape = shapes[shape_name]
         if args.steps is not None or args.warmup is not None:
-            from dataclasses import replace
-
             shape = replace(shape, steps=args.steps if args.steps is not None else shape.steps,
                             # at least one: the matmul floor is recorded on a step that carries memory
                             warmup=max(1, args.warmup) if args.warmup is not None else shape.warmup)
@@ -223,7 +248,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             if any(e.partition(":")[0] in keys and e not in seen for e in g):
                 groups.append(g)
                 seen |= set(g)
-        batches = make_batches(shape, 4)
+        batches = [(tokens.to(args.device), targets.to(args.device)) for tokens, targets in make_batches(shape, 4)]
         shape_report = {"shape": shape.to_json(), "models": {}, "unavailable": {}, "results": {}}
         report["shapes"][shape_name] = shape_report
         for precision in precisions:
@@ -237,7 +262,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         continue
                     try:
                         name, _, variant = key.partition(":")
-                        runners[key] = RUNNERS[name](shape, variant)
+                        runners[key] = RUNNERS[name](shape, variant, device=args.device)
                     except Exception as e:  # a peer that does not import or build here is reported, not fatal
                         shape_report["unavailable"][key] = f"{type(e).__name__}: {e}"
                         print(f"  {key}: unavailable ({shape_report['unavailable'][key]})", flush=True)
@@ -268,7 +293,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                 losses = {k: [] for k in runners}
                 for i in range(shape.warmup + shape.steps):
                     for key, r in list(runners.items()):
-                        if i == max(1, shape.warmup) and key not in floors:
+                        if floor_wanted and i == max(1, shape.warmup) and key not in floors:
                             # one extra step, with the memory that warm-up carried in, recorded: its matmuls are
                             # replayed after each of the model's timed steps
                             try:
@@ -286,24 +311,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                         if i >= shape.warmup:
                             times[key].append(dt)
                             optimizer_times[key].append(r.optimizer_s)
-                            floor_times[key].append(floors[key].time())
+                            if key in floors:
+                                floor_times[key].append(floors[key].time())
                         losses[key].append(loss)
                 g["wall_s"] = time.time() - t0
                 g["loadavg_after"] = load_average()
                 tokens = shape.lanes * shape.tgt_len
                 for key in runners:
                     med = statistics.median(times[key])
-                    floor = statistics.median(floor_times[key])
                     optimizer = statistics.median(optimizer_times[key])
                     g["models"][key].update({
                         "optimizer_s": optimizer, "optimizer_times_s": optimizer_times[key],
-                        "step_over_floor_and_optimizer": med / (floor + optimizer),
                         "median_step_s": med, "min_step_s": min(times[key]), "step_times_s": times[key],
                         "tokens_per_s": tokens / med, "losses": losses[key],
-                        "matmul_floor_s": floor, "matmul_floor_times_s": floor_times[key],
-                        "matmul_calls": floors[key].n_calls, "matmul_flops_per_step": floors[key].flops,
-                        "matmul_gflops_per_s": floors[key].flops / floor / 1e9, "step_over_floor": med / floor,
                     })
+                    if key in floors:  # CPU only
+                        floor = statistics.median(floor_times[key])
+                        g["models"][key].update({
+                            "step_over_floor_and_optimizer": med / (floor + optimizer),
+                            "matmul_floor_s": floor, "matmul_floor_times_s": floor_times[key],
+                            "matmul_calls": floors[key].n_calls, "matmul_flops_per_step": floors[key].flops,
+                            "matmul_gflops_per_s": floors[key].flops / floor / 1e9, "step_over_floor": med / floor,
+                        })
                 for key, r in runners.items():
                     base = next((e for e in runners if r.compare_with and e.partition(":")[0] == r.compare_with), None)
                     if base:
@@ -312,13 +341,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                             "memlm": base,
                             "memlm_over_peer_tokens_per_s": statistics.median(peer_t) / statistics.median(memlm_t),
                             "memlm_over_peer_paired": paired_ratio(peer_t, memlm_t),
+                        }
+                    if base and base in floors:
+                        g["pairs"][key].update({
                             # what memlm/peer would be if memlm's step took only its matmuls' time, and with
                             # its clip + Adam (the same torch code in every library) added
                             "ceiling_peer_over_memlm_floor": statistics.median(peer_t) / statistics.median(
                                 floor_times[base]),
                             "ceiling_peer_over_memlm_floor_and_optimizer": statistics.median(peer_t) / (
                                 statistics.median(floor_times[base]) + statistics.median(optimizer_times[base])),
-                        }
+                        })
                 line = "  ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in g["models"].items())
                 print(f"  {line}  (load {g['loadavg_before'][0]:.2f} -> {g['loadavg_after'][0]:.2f}, "
                       f"{g['wall_s']:.0f} s)", flush=True)
@@ -332,7 +364,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     report["loadavg_end"] = load_average()
     report["wall_s"] = time.time() - t_start
-    out = write_result(args.out, report)
+    out = write_result(args.out or RESULTS / f"peers_{args.device.split(':')[0]}.json", report)
     md = out.with_suffix(".md")
     md.write_text("\n".join(md_parts))
     print(f"wrote {out} and {md} ({report['wall_s'] / 60:.1f} min, load {report['loadavg_start'][0]:.2f} -> "
@@ -363,14 +395,16 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             pair = g["pairs"].get(key)
             ratio = (f"{pair['memlm_over_peer_tokens_per_s']:.2f}x ({pair['memlm_over_peer_paired']:.2f}x)"
                      if pair else "")
-            ceiling = f"{pair['ceiling_peer_over_memlm_floor_and_optimizer']:.2f}x" if pair else ""
+            ceiling = (f"{pair['ceiling_peer_over_memlm_floor_and_optimizer']:.2f}x"
+                       if pair and "ceiling_peer_over_memlm_floor_and_optimizer" in pair else "")
             floor = (f"{1000 * m['matmul_floor_s']:.0f} ({m['matmul_flops_per_step'] / 1e9:.1f}, "
-                     f"{m['matmul_gflops_per_s']:.0f})")
+                     f"{m['matmul_gflops_per_s']:.0f})" if "matmul_floor_s" in m else "-")
+            over = f"{m['step_over_floor_and_optimizer']:.2f}" if "step_over_floor_and_optimizer" in m else "-"
             rows.append(
                 f"| {gi} | {info['label']} | {info['library']} | {info['params']['total']:,} "
                 f"({info['params']['body']:,}) | {m['loss_at_init']:.3f} | {1000 * m['median_step_s']:.0f} "
                 f"| {m['tokens_per_s']:,.0f} | {floor} | {1000 * m['optimizer_s']:.0f} "
-                f"| {m['step_over_floor_and_optimizer']:.2f} | {ratio} | {ceiling} | {load} |"
+                f"| {over} | {ratio} | {ceiling} | {load} |"
             )
         for key, why in g["skipped"].items():
             rows.append(f"| {gi} | {models.get(key, {}).get('label', key)} | | | | | | | | | skipped: {why} | | |")
@@ -387,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.setup_only:
             return
         argv = [a for a in argv if a not in ("--setup", "--setup-only")]
-    if not in_bench_venv():
+    if not args.device.startswith("cuda") and not in_bench_venv():  # a GPU machine has the peers as wheels
         enter_bench_venv(argv)
     run(args, argv)
 

@@ -3,6 +3,7 @@
 #
 #   bash bench/benchmarks/gpu_run.sh [PHASES...]        # default: env mfu trainer fp32 aligned compile
 #   bash bench/benchmarks/gpu_run.sh env equal fast     # the fast path: GPU equality tests, then MFU per arch/shape/lanes
+#   bash bench/benchmarks/gpu_run.sh env peers          # the peers on this GPU (their wheels in .whl)
 #
 # Needs, in the repository root: .whl/ (deepspeed 0.19.8 and what it and webdataset need that the machine lacks, see
 # bench/README.md; phase equal also pytest, pluggy and iniconfig) and .gpudata/wikitext-2 (memlm prepare --corpus wikitext --tokenizer word). Writes under $OUT
@@ -123,9 +124,21 @@ get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
       stamp "mfu bf16 fast path: $arch, $shape shape, $lanes lanes"
       # FAST_LIMIT (s) caps one run, so one slow compile cannot take the rest of the budget.
       limit=$(( $(left) - 5 )); [ "$limit" -gt "${FAST_LIMIT:-600}" ] && limit=${FAST_LIMIT:-600}
-      timeout "$limit" python3 bench/benchmarks/bench_mfu.py --compile --attention flex --head-loss chunked \
+      # FAST_SCOPE: layer (default; one layer's graph, compiled once) or model (16 layers unrolled: on an H100 its
+      # compile outran 100 s).
+      timeout "$limit" python3 bench/benchmarks/bench_mfu.py --compile --compile-scope "${FAST_SCOPE:-layer}" \
+        --attention flex --head-loss chunked \
         --archs "$arch" --lanes "$lanes" $widths --out "$OUT/mfu_cuda_fast_${shape}_${arch}_${lanes}.json" ${MFU_ARGS:-}
     done
+    ;;
+  peers)
+    # The peers in this process on this GPU (bench_peers.py --device cuda): HF TransfoXL, labml-nn's Transformer-XL
+    # and lucidrains' RMT beside memlm (plain and layers compiled), bf16, 64 lanes. Needs the peers' wheels in .whl
+    # (bench/README.md). PEER_SHAPES: gpu-aligned (default) and/or gpu-paper.
+    if [ "$(left)" -lt 120 ]; then stamp "skip peers: $(left) s left"; continue; fi
+    stamp "peers on this GPU: ${PEER_SHAPES:-gpu-aligned}"
+    timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_peers.py --device cuda \
+      --shapes "${PEER_SHAPES:-gpu-aligned}" --precisions bf16 --out "$OUT/peers_cuda.json" ${PEER_ARGS:-}
     ;;
   aligned)
     if [ "$(left)" -lt 60 ]; then stamp "skip aligned: $(left) s left"; continue; fi

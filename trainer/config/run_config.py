@@ -37,6 +37,7 @@ from .schema import (
 
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adam", "adamw")
+COMPILE_SCOPES = ("model", "layer")  # what train.compile compiles: the whole forward, or one layer's work
 PRECISIONS = ("fp32", "bf16", "fp16")
 SPLITS = ("valid", "test")
 
@@ -65,6 +66,9 @@ class TrainConfig:
     # buffers are full-length from step 0, masked by validity), so it compiles once, at the first steps.
     compile: bool = False
     compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": traced, not code-generated)
+    # What is compiled: "model" (the whole forward, one graph of n_layer unrolled layers) or "layer" (one layer's
+    # work, one graph every layer reuses: compile time of one layer, not n_layer; embedding, masks and head eager).
+    compile_scope: str = "model"
     # A step whose loss or gradient norm is not finite (on any rank) is skipped; this many in a row stop the run
     max_bad_steps: int = 10
     # After SIGTERM (a scheduler's preemption) the run saves at the next step boundary; if none comes within this
@@ -197,6 +201,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention": ATTENTION_KERNELS,
     "train.schedule": SCHEDULES,
     "train.optimizer": OPTIMIZERS,
+    "train.compile_scope": COMPILE_SCOPES,
     "deepspeed.precision": PRECISIONS,
     "eval.split": SPLITS,
 }

@@ -182,7 +182,8 @@ class Trainer:
         model = build_model(cfg.model)
         if cfg.train.compile:
             # In place: parameter names and checkpoints stay those of the plain model.
-            model.compile(dynamic=False, backend=cfg.train.compile_backend)
+            compile_in_place = model.compile_layers if cfg.train.compile_scope == "layer" else model.compile
+            compile_in_place(dynamic=False, backend=cfg.train.compile_backend)
         seed_everything(cfg.train.seed + 1000 * self.rank)
         self.ds_conf = deepspeed_config(cfg, self.info.world_size)
         if self.rank == 0:

@@ -47,11 +47,11 @@ class Shape:
         return asdict(self)
 
 
-def autocast(precision: str):
+def autocast(precision: str, device_type: str = "cpu"):
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
-        return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
 
 
@@ -87,13 +87,14 @@ class Runner:
 
     variants: tuple[str, ...] = ()  # e.g. memlm's "peer-head"; an entry "key:variant" in a group selects one
 
-    def __init__(self, shape: Shape, variant: str = "", seed: int = 0):
+    def __init__(self, shape: Shape, variant: str = "", seed: int = 0, device: str = "cpu"):
         if variant and variant not in self.variants:
             raise ValueError(f"{self.key} has no variant {variant!r} (has: {', '.join(self.variants) or 'none'})")
         self.shape = shape
         self.variant = variant
+        self.device = torch.device(device)  # memory the adapters create goes here too
         torch.manual_seed(seed)
-        self.model = self.build(shape).train()
+        self.model = self.build(shape).to(self.device).train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.Adam(self.params, lr=LR)
         self.reset_memory()
@@ -116,21 +117,28 @@ class Runner:
     # shared -----------------------------------------------------------------------------------------------
     def step(self, batch: tuple[Tensor, Tensor], precision: str) -> float:
         tokens, targets = batch
-        with autocast(precision):
+        with autocast(precision, self.device.type):
             loss = self.forward_loss(tokens, targets)
         loss.backward()
+        self.sync()
         t = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        self.sync()
         self.optimizer_s = time.perf_counter() - t  # the same torch code for every library: reported apart
         return float(loss.detach())
+
+    def sync(self) -> None:
+        """Wait for the GPU (a no-op on the CPU), so a host clock times the work and not its launch."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
     def loss_at_init(self, batch: tuple[Tensor, Tensor], precision: str) -> float:
         """Loss of the untrained model on `batch` from an empty (initial) memory; the memory is reset after."""
         self.reset_memory()
-        with autocast(precision):
+        with autocast(precision, self.device.type):
             loss = float(self.forward_loss(*batch))
         self.reset_memory()
         return loss

@@ -47,18 +47,18 @@ class HFTransfoXL(Runner):
 
     def reset_memory(self) -> None:
         B, D = self.shape.lanes, self.shape.d_model
-        self.mems = [torch.zeros(0, B, D) for _ in range(self.shape.n_layer)]  # [mlen, B, D] per layer, mlen 0
+        self.mems = [torch.zeros(0, B, D, device=self.device) for _ in range(self.shape.n_layer)]  # [mlen, B, D] per layer, mlen 0
 
     def forward_loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
         out = self.model.transformer(input_ids=tokens, mems=self.mems, return_dict=True)
         self.mems = out.mems  # detached inside HF's _update_mems
         hidden = F.pad(out.last_hidden_state, (0, 0, 0, 1))  # [B, N+1, D]: the crit drops the last row
-        if torch.is_autocast_enabled("cpu"):
+        if torch.is_autocast_enabled(self.device.type):
             # The crit allocates its NLL in the hidden's dtype (fp32 here: LayerNorm output) and assigns
-            # log_softmax's result into it, which CPU autocast leaves in bf16 -> "Index put requires the source
+            # log_softmax's result into it, which autocast leaves in bf16 -> "Index put requires the source
             # and destination dtypes match". Hand it the hidden in the autocast dtype, in which its logits are
             # computed anyway.
-            hidden = hidden.to(torch.get_autocast_dtype("cpu"))
+            hidden = hidden.to(torch.get_autocast_dtype(self.device.type))
         labels = F.pad(targets, (1, 0))  # [B, N+1]: the crit drops the first column
         nll = self.model.crit(hidden, labels)  # [B*N] per-token NLL (0 where the target is -100)
         return mean_nll(nll.float().sum(), targets)

@@ -15,17 +15,22 @@ class MemlmRunner(Runner):
     Variant "peer-head": one full softmax over the whole vocabulary, untied from the input embedding
     (`cutoffs: []`, `tie_weight: false`), the output layer of lucidrains' RMT and labml-nn's Transformer-XL,
     which have neither adaptive softmax nor tying; used where the head dominates the step (WikiText-103).
+    Variant "fast": the same model with its layers compiled (`compile_layers`); on CUDA model.attention and
+    model.head_loss "auto" already pick FlexAttention and the chunked head.
     """
 
     library = "memlm"
     vocab_pattern = r"^(embed|head)\."
     arch = "txl"
-    variants = ("peer-head",)
+    variants = ("peer-head", "fast")
 
-    def __init__(self, shape: Shape, variant: str = "", seed: int = 0):
-        super().__init__(shape, variant, seed)
+    def __init__(self, shape: Shape, variant: str = "", seed: int = 0, device: str = "cpu"):
+        super().__init__(shape, variant, seed, device)
         if variant == "peer-head":
             self.label = f"{self.label} (full softmax, untied)"
+        if variant == "fast":
+            self.model.compile_layers(dynamic=False)  # one layer's graph (inductor), reused by every layer
+            self.label = f"{self.label} (fast: layers compiled)"
 
     def model_config(self, shape: Shape) -> ModelConfig:
         peer_head = self.variant == "peer-head"
@@ -47,7 +52,7 @@ class MemlmRunner(Runner):
         return build_model(self.cfg)
 
     def reset_memory(self) -> None:
-        self.memory = self.model.init_memory(self.shape.lanes)
+        self.memory = self.model.init_memory(self.shape.lanes, device=self.device)
 
     def forward_loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
         out = self.model(tokens, self.memory, targets=targets)
