@@ -9,22 +9,13 @@ model); everything else loads torch on first use.
 """
 
 from .config import ARCHS, ConfigError, ModelConfig
+from .registry import ARCHITECTURES, ArchSpec, arch_spec
 
 
 def build_model(cfg: ModelConfig):
-    """The nn.Module for cfg.arch; raises ConfigError for an impossible configuration."""
+    """The nn.Module for cfg.arch (its registry entry's class); raises ConfigError for an impossible configuration."""
     cfg.validate()
-    if cfg.arch in ("transformer", "txl"):
-        from .txl import TransformerXL
-
-        return TransformerXL(cfg)
-    if cfg.arch == "lamemo":
-        from .lamemo import LaMemo
-
-        return LaMemo(cfg)
-    from .rmt import RecurrentMemoryTransformer
-
-    return RecurrentMemoryTransformer(cfg)
+    return arch_spec(cfg.arch).load("model")(cfg)
 
 
 def __getattr__(name: str):
@@ -35,4 +26,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 
-__all__ = ["ARCHS", "ConfigError", "ModelConfig", "ModelOutput", "build_model", "map_memory"]
+__all__ = ["ARCHITECTURES", "ARCHS", "ArchSpec", "ConfigError", "ModelConfig", "ModelOutput", "arch_spec",
+           "build_model", "map_memory"]

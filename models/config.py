@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-ARCHS = ("transformer", "txl", "lamemo", "rmt")
+from .registry import ARCHITECTURES, ARCHS, arch_spec  # noqa: F401 - ARCHS is read from here too
+
 RPE_KINDS = ("disentangled", "xl")
 BPTT_MODES = ("window", "chunk")
 ATTENTION_KERNELS = ("auto", "eager", "flex")
 HEAD_LOSSES = ("auto", "full", "chunked")
-RMT_ONLY = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
-            "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "bptt_recipe", "bptt_start_memory",
-            "bptt_new_segment_cache", "memory_init_grad", "bptt_replay_reduction")
 # RMT's window BPTT: four choices where memlm's training step and the RMT authors' loop (booydar/LM-RMT) differ.
 # Each option left "" takes its value from model.bptt_recipe; values: (memlm's, the authors').
 BPTT_RECIPES = ("memlm", "authors")
@@ -106,8 +104,7 @@ class ModelConfig:
 
     def validate(self) -> "ModelConfig":
         """Raise ConfigError naming the first impossible setting; return self when all is well."""
-        if self.arch not in ARCHS:
-            raise ConfigError(f"model.arch: unknown architecture {self.arch!r}; valid: {', '.join(ARCHS)}")
+        arch_spec(self.arch)  # an unknown arch: one error listing the registered ones
         for name in ("n_layer", "n_head", "d_model", "d_head", "d_inner", "vocab_size", "tgt_len", "div_val"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
@@ -145,16 +142,19 @@ class ModelConfig:
 
     def _validate_arch_options(self) -> None:
         defaults = ModelConfig()
-        if self.arch == "transformer" and self.mem_len != 0:
-            raise ConfigError(
-                "model.mem_len must be 0 for arch 'transformer' (the no-memory baseline); use arch 'txl' for a cache"
-            )
-        if self.arch == "lamemo" and self.mem_len < 1:
-            raise ConfigError("model.mem_len must be >= 1 for arch 'lamemo'; use arch 'transformer' for no memory")
-        if self.arch != "lamemo":
-            for name in ("lookahead", "interpolate", "rpe", "interp_eps"):
+        spec = arch_spec(self.arch)
+        if spec.mem_len == "zero" and self.mem_len != 0:
+            raise ConfigError(f"model.mem_len must be 0 for arch {self.arch!r} (it has no cache: {spec.summary}); "
+                              "use arch 'txl' for a cache")
+        if spec.mem_len == "positive" and self.mem_len < 1:
+            raise ConfigError(f"model.mem_len must be >= 1 for arch {self.arch!r}; use arch 'transformer' for no "
+                              "memory")
+        for other in ARCHITECTURES.values():  # the options only other archs read stay at their defaults
+            foreign = [name for name in other.options if name not in spec.options]
+            for name in foreign:
                 if getattr(self, name) != getattr(defaults, name):
-                    raise ConfigError(f"model.{name} only applies to arch 'lamemo' (arch is {self.arch!r}); remove it")
+                    raise ConfigError(f"model.{name} only applies to arch {other.name!r} (arch is {self.arch!r}); "
+                                      "remove it")
         if self.rpe not in RPE_KINDS:
             raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
         if self.interp_eps < 0:
@@ -182,10 +182,6 @@ class ModelConfig:
                 if getattr(self, name) not in ("", *values):
                     raise ConfigError(f"model.{name}: unknown value {getattr(self, name)!r}; valid: "
                                       f"{', '.join(values)} (or leave it empty for model.bptt_recipe's)")
-        else:
-            for name in RMT_ONLY:
-                if getattr(self, name) != getattr(defaults, name):
-                    raise ConfigError(f"model.{name} only applies to arch 'rmt' (arch is {self.arch!r}); remove it")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -46,6 +46,7 @@ With div_val == 1 the tails share the head's projection, counted once.
 from __future__ import annotations
 
 from .config import ModelConfig
+from .registry import arch_spec
 
 PAPER_WT103_PARAMS = 151e6  # LaMemo paper, Table 1 (all three models)
 PAPER_WT103_FLOPS = {"transformer": 148e6, "txl": 157e6, "lamemo": 191e6}  # "#FLOPS", Table 1
@@ -143,61 +144,15 @@ def flops_per_token(
     """
     cfg.validate()
     fractions = _cluster_fractions(cfg, tail_fractions)
-    D, A, F_, L = cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer
-    N, M = cfg.tgt_len, cfg.mem_len
-    mm = lambda rows, d_in, d_out: 2.0 * rows * d_in * d_out  # noqa: E731 — one [rows, d_in] x [d_in, d_out]
-
+    N = cfg.tgt_len
     seg = dict(embedding=0.0, attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0,
                attn_context=0.0, ffn=0.0, head=0.0)
     head_row = _head_flops(cfg, fractions, full_softmax)
     seg["embedding"] = N * _embedding_flops(cfg, fractions)
 
-    if cfg.arch in ("transformer", "txl"):
-        K = M + N
-        for _ in range(L):
-            seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)  # q (current), k v (all keys), output
-            seg["pos_proj"] += mm(K, D, A) / batch_size  # W_R R(0..K-1), shared by the batch
-            seg["attn_content"] += mm(N, A, K)
-            seg["attn_position"] += mm(N, A, K)  # distance slots 0..K-1
-            seg["attn_context"] += mm(N, K, A)
-            seg["ffn"] += 2 * mm(N, D, F_)
-        head_rows = N
-    elif cfg.arch == "lamemo":
-        K, W = M + N, min(M, N)
-        for layer in range(L):
-            not_last = layer < L - 1
-            rows_out = K if not_last else N  # memory rows get output projection + FFN except at the last layer
-            seg["attn_proj"] += 3 * mm(K, D, A) + mm(rows_out, A, D)
-            seg["pos_proj"] += mm(K, D, A) / batch_size
-            seg["attn_content"] += mm(N, A, K)
-            seg["attn_position"] += mm(N, A, K)
-            seg["attn_context"] += mm(N, K, A)
-            if cfg.lookahead:
-                if cfg.rpe == "xl":
-                    seg["pos_proj"] += mm(M, D, A) / batch_size  # separate encodings R(i - p) for the look-ahead
-                seg["attn_content"] += mm(M, A, W)
-                seg["attn_position"] += mm(M, A, min(M, N))  # per (query, window key): W of the M distances
-                seg["attn_context"] += mm(M, W, A)
-            seg["ffn"] += 2 * mm(rows_out, D, F_)
-        head_rows = N
-    elif cfg.arch == "rmt":
-        R = cfg.num_mem_tokens
-        T = N + 2 * R  # [read R | tokens N | write R]
-        K = M + T  # [cache M | read R | tokens N | write R]
-        P = K + R - 1  # signed distances -(R - 1) .. K - 1 (the read/write blocks look up to R - 1 to the right)
-        for _ in range(L):
-            seg["attn_proj"] += mm(T, D, A) + 2 * mm(K, D, A) + mm(T, A, D)
-            seg["pos_proj"] += mm(P, D, A) / batch_size
-            seg["attn_content"] += mm(T, A, K)
-            seg["attn_position"] += mm(T, A, P)
-            seg["attn_context"] += mm(T, K, A)
-            seg["ffn"] += 2 * mm(T, D, F_)
-        head_rows = N
-        if cfg.aux_loss_weight > 0:  # the R write rows predict aux_token_id through the same head
-            hit = [float(lo <= cfg.aux_token_id < hi) for lo, hi, _ in _clusters(cfg)]
-            seg["head"] += R * _head_flops(cfg, hit, False)  # never with logits
-    else:  # pragma: no cover — validate() rejects it
-        raise ValueError(cfg.arch)
+    layers, head_rows = arch_spec(cfg.arch).load("layer_flops")(cfg, batch_size)
+    for name, value in layers.items():
+        seg[name] += value
 
     seg["head"] += head_rows * head_row
     out = {k: v / N for k, v in seg.items()}
@@ -237,11 +192,98 @@ def param_count(cfg: ModelConfig) -> int:
     total = embedding + head + L * layer + 2 * n_bias  # u, v
     if cfg.pre_lnorm:
         total += 2 * D  # final LayerNorm
-    if cfg.arch == "lamemo" and cfg.rpe == "disentangled":
-        total += n_bias  # v- for the look-ahead direction
-    if cfg.arch == "rmt":
-        total += cfg.num_mem_tokens * D  # the learned initial memory
+    spec = arch_spec(cfg.arch)
+    if spec.extra_params:
+        total += spec.load("extra_params")(cfg)
     return total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Each arch's layers (its registry entry's layer_flops): one lane's segment, by component, and the head's rows
+
+
+def _mm(rows: float, d_in: int, d_out: int) -> float:
+    """FLOPs of one [rows, d_in] x [d_in, d_out] product."""
+    return 2.0 * rows * d_in * d_out
+
+
+def _widths(cfg: ModelConfig) -> tuple:
+    """D, A, F, L, N, M (the legend above) and the matmul counter."""
+    return cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.tgt_len, cfg.mem_len, _mm
+
+
+def _components() -> dict[str, float]:
+    return dict(attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0, attn_context=0.0, ffn=0.0,
+                head=0.0)
+
+
+def txl_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
+    """Transformer-XL (and the memoryless Transformer, M = 0): N queries over K = M + N keys per layer."""
+    D, A, F_, L, N, M, mm = _widths(cfg)
+    seg = _components()
+    K = M + N
+    for _ in range(L):
+        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)  # q (current), k v (all keys), output
+        seg["pos_proj"] += mm(K, D, A) / batch_size  # W_R R(0..K-1), shared by the batch
+        seg["attn_content"] += mm(N, A, K)
+        seg["attn_position"] += mm(N, A, K)  # distance slots 0..K-1
+        seg["attn_context"] += mm(N, K, A)
+        seg["ffn"] += 2 * mm(N, D, F_)
+    return seg, N
+
+
+def lamemo_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
+    """LaMemo: Transformer-XL's causal attention, plus the memory's look-ahead and its recomputed rows."""
+    D, A, F_, L, N, M, mm = _widths(cfg)
+    seg = _components()
+    K, W = M + N, min(M, N)
+    for layer in range(L):
+        not_last = layer < L - 1
+        rows_out = K if not_last else N  # memory rows get output projection + FFN except at the last layer
+        seg["attn_proj"] += 3 * mm(K, D, A) + mm(rows_out, A, D)
+        seg["pos_proj"] += mm(K, D, A) / batch_size
+        seg["attn_content"] += mm(N, A, K)
+        seg["attn_position"] += mm(N, A, K)
+        seg["attn_context"] += mm(N, K, A)
+        if cfg.lookahead:
+            if cfg.rpe == "xl":
+                seg["pos_proj"] += mm(M, D, A) / batch_size  # separate encodings R(i - p) for the look-ahead
+            seg["attn_content"] += mm(M, A, W)
+            seg["attn_position"] += mm(M, A, min(M, N))  # per (query, window key): W of the M distances
+            seg["attn_context"] += mm(M, W, A)
+        seg["ffn"] += 2 * mm(rows_out, D, F_)
+    return seg, N
+
+
+def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
+    """RMT: [read R | tokens N | write R] rows over the cache and themselves; the write rows' aux loss."""
+    D, A, F_, L, N, M, mm = _widths(cfg)
+    seg = _components()
+    R = cfg.num_mem_tokens
+    T = N + 2 * R  # [read R | tokens N | write R]
+    K = M + T  # [cache M | read R | tokens N | write R]
+    P = K + R - 1  # signed distances -(R - 1) .. K - 1 (the read/write blocks look up to R - 1 to the right)
+    for _ in range(L):
+        seg["attn_proj"] += mm(T, D, A) + 2 * mm(K, D, A) + mm(T, A, D)
+        seg["pos_proj"] += mm(P, D, A) / batch_size
+        seg["attn_content"] += mm(T, A, K)
+        seg["attn_position"] += mm(T, A, P)
+        seg["attn_context"] += mm(T, K, A)
+        seg["ffn"] += 2 * mm(T, D, F_)
+    if cfg.aux_loss_weight > 0:  # the R write rows predict aux_token_id through the same head
+        hit = [float(lo <= cfg.aux_token_id < hi) for lo, hi, _ in _clusters(cfg)]
+        seg["head"] += R * _head_flops(cfg, hit, False)  # never with logits
+    return seg, N
+
+
+def lamemo_params(cfg: ModelConfig) -> int:
+    """v- for the look-ahead direction (the disentangled encoding)."""
+    return (cfg.n_layer if cfg.untie_r else 1) * cfg.n_head * cfg.d_head if cfg.rpe == "disentangled" else 0
+
+
+def rmt_params(cfg: ModelConfig) -> int:
+    """The learned initial memory."""
+    return cfg.num_mem_tokens * cfg.d_model
 
 
 if __name__ == "__main__":  # python -m memlm.models.flops: the WikiText-103 table

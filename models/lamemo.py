@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
-from .output import ModelOutput, cut
+from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
 
 
@@ -42,6 +42,10 @@ class LaMemoMemory:
     context: list[Tensor]  # L x [B, M, H, E] cached attention outputs C (detached)
     lognorm: list[Tensor]  # L x [B, M, H] fp32 log-normalisers S (detached)
     valid: Tensor  # [B, M] bool: slot holds a real position of the current document
+
+    def detached(self) -> "LaMemoMemory":
+        """The state cut from the autograd graph (the memory interface every arch's state has)."""
+        return map_memory(torch.Tensor.detach, self)
 
 
 def lookahead_layout(n_mem: int, n_cur: int, key_valid: Tensor) -> tuple[int, Tensor, Tensor]:

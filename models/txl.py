@@ -17,13 +17,17 @@ from torch import Tensor
 
 from .attention import causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
-from .output import ModelOutput, cut
+from .output import ModelOutput, cut, map_memory
 
 
 @dataclass
 class TXLMemory:
     hidden: list[Tensor]  # L x [B, M, D] layer inputs of the last M positions (detached)
     valid: Tensor  # [B, M] bool: slot holds a real position of the current document
+
+    def detached(self) -> "TXLMemory":
+        """The state cut from the autograd graph (the memory interface every arch's state has)."""
+        return map_memory(torch.Tensor.detach, self)
 
 
 def reset_valid(valid: Tensor, reset: Tensor | None) -> Tensor:

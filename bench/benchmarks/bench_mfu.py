@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from bench.common import RESULTS, write_result  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import build_model, map_memory  # noqa: E402
+from memlm.models import build_model  # noqa: E402
 from memlm.models.config import ModelConfig  # noqa: E402
 from memlm.models.flops import flops_per_token  # noqa: E402
 
@@ -128,8 +128,7 @@ def bench_arch(arch: str, args) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        memory = (out.memory.detached() if hasattr(out.memory, "detached")
-                  else map_memory(torch.Tensor.detach, out.memory))
+        memory = out.memory.detached()
         sync()
         return time.perf_counter() - t0
 

@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 
 from memlm.data_pipeline.config import DataConfig
 from memlm.models.config import ARCHS, ATTENTION_KERNELS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
+from memlm.models.registry import arch_spec
 
 from . import presets
 from .schema import (
@@ -297,11 +298,13 @@ def _check_across_sections(cfg: RunConfig) -> None:
             f"eval.mem_len={ev.mem_len} and eval.mem_mult={ev.mem_mult} are both set; "
             "set one (eval.mem_len: -1 and eval.mem_mult: 0 mean unset)"
         )
-    if cfg.model.arch == "rmt" and cfg.model.mem_len == 0 and (ev.mem_len > 0 or ev.mem_mult > 0):
-        # For RMT, mem_len is the Transformer-XL cache: a run trained without one never learned to read it.
-        raise ConfigError("this RMT run was trained without the Transformer-XL cache (model.mem_len: 0), so "
-                          "--mem-len/--mem-mult would add a cache it never learned; its memory is "
-                          "model.num_mem_tokens memory tokens: evaluate without --mem-len/--mem-mult")
+    tokens_key = arch_spec(cfg.model.arch).memory_tokens
+    if tokens_key and cfg.model.mem_len == 0 and (ev.mem_len > 0 or ev.mem_mult > 0):
+        # For an arch whose memory is memory tokens (RMT), mem_len is the optional Transformer-XL cache: a run
+        # trained without one never learned to read it.
+        raise ConfigError(f"this {cfg.model.arch} run was trained without the Transformer-XL cache (model.mem_len: "
+                          "0), so --mem-len/--mem-mult would add a cache it never learned; its memory is "
+                          f"model.{tokens_key} memory tokens: evaluate without --mem-len/--mem-mult")
     try:
         eval_model_config(cfg).validate()
     except ConfigError as exc:

@@ -214,9 +214,7 @@ class RMTDecoder(SegmentDecoder):
 
 
 def make_decoder(model: torch.nn.Module) -> SegmentDecoder:
-    arch = model.cfg.arch
-    if arch in ("transformer", "txl"):
-        return TXLDecoder(model)
-    if arch == "lamemo":
-        return LaMemoDecoder(model)
-    return RMTDecoder(model)
+    """The incremental decoder the model's registry entry names."""
+    from memlm.models.registry import arch_spec
+
+    return arch_spec(model.cfg.arch).load("decoder")(model)

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from memlm.models import map_memory
+from memlm.models.registry import arch_spec
 
 
 class RecurrenceStateError(ValueError):
@@ -73,7 +74,7 @@ class Segment:
 
 def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT | WindowBPTT":
     """The schedule for model_cfg, starting from `memory` (the model's init_memory)."""
-    if model_cfg.arch != "rmt":
+    if arch_spec(model_cfg.arch).recurrence == "segment":
         return SegmentRecurrence(memory, device)
     if model_cfg.bptt_mode == "chunk":
         return ChunkBPTT(memory, device, model_cfg.bptt_depth)
@@ -118,7 +119,7 @@ def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
 
 
 def _detached(memory: Any) -> Any:
-    return memory.detached() if hasattr(memory, "detached") else map_memory(lambda t: t.detach(), memory)
+    return memory.detached()
 
 
 def _segment_figures(out, targets: Tensor) -> tuple[Tensor, int]:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
 from memlm.models.config import ARCHS, ConfigError, ModelConfig
+from memlm.models.registry import arch_spec
 
 from .compare_runs import RunRecord
 
@@ -102,7 +103,8 @@ def build_row(record: RunRecord) -> Row:
         row.note = f"model config not readable: {exc}"
         return row
     row.params, row.mem_len = param_count(cfg), cfg.mem_len
-    row.mem_tokens = cfg.num_mem_tokens if cfg.arch == "rmt" else 0
+    counted_by = arch_spec(cfg.arch).memory_tokens  # the config key counting memory tokens, if the arch has them
+    row.mem_tokens = getattr(cfg, counted_by) if counted_by else 0
     row.flops_per_token = flops_per_token(cfg)["total"]
     return row
 

@@ -1,0 +1,81 @@
+"""The architecture registry: one entry per arch, and the one place that knows which archs exist.
+
+Everything outside the arch's own module asks its entry (`arch_spec(cfg.arch)`) instead of branching on the
+name: `build_model`, config validation, the analytic FLOPs and parameters, the trainer's recurrence and
+`memlm compare`. Entries name their code as "module:attribute" strings, imported on first use, so this file (and
+`ModelConfig`, which reads it) loads without torch. models/README.md says how to add an arch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+MEM_LEN_RULES = ("any", "zero", "positive")
+RECURRENCES = ("segment", "memory_bptt")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str  # model.arch
+    summary: str  # one line: the paper and what the memory is
+    model: str  # "module:Class" of the nn.Module (Backbone subclass)
+    # model.mem_len (the Transformer-XL cache): "zero" (no cache: the arch has none), "positive" (the arch needs
+    # one), "any"
+    mem_len: str = "any"
+    options: tuple[str, ...] = ()  # ModelConfig keys only this arch reads: another arch must leave them at default
+    # "module:function"(cfg, batch_size) -> (FLOPs of one lane's segment by component, head rows): the layers'
+    # matmuls as models/flops.py counts them (its docstring); the embedding and softmax head are added there
+    layer_flops: str = ""
+    # "module:function"(cfg) -> parameters beyond the shared backbone (embedding, head, layers, u, v); "" = none
+    extra_params: str = ""
+    memory_tokens: str = ""  # the ModelConfig key counting memory tokens per segment (compare's column); "" = none
+    # "module:Class"(model) of the incremental decoder `memlm generate` uses (its logits equal the segment forward's)
+    decoder: str = ""
+    # The trainer's schedule (trainer/loop/recurrence.py): "segment" (one segment per micro-batch, memory detached
+    # between them) or "memory_bptt" (RMT: gradients through the memory over model.bptt_depth segments)
+    recurrence: str = "segment"
+
+    def load(self, what: str) -> Any:
+        """The object one of this entry's "module:attribute" fields names."""
+        module, _, attribute = getattr(self, what).partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+RMT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
+               "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "bptt_recipe",
+               "bptt_start_memory", "bptt_new_segment_cache", "memory_init_grad", "bptt_replay_reduction")
+
+ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
+    ArchSpec("transformer", "Transformer + relative positions, no memory: every segment alone (the baseline)",
+             model="memlm.models.txl:TransformerXL", mem_len="zero", layer_flops="memlm.models.flops:txl_layers",
+             decoder="memlm.trainer.inference.generate_cache:TXLDecoder"),
+    ArchSpec("txl", "Transformer-XL (Dai et al., 2019): a cache of the last M layer inputs, no gradient into it",
+             model="memlm.models.txl:TransformerXL", layer_flops="memlm.models.flops:txl_layers",
+             decoder="memlm.trainer.inference.generate_cache:TXLDecoder"),
+    ArchSpec("lamemo", "LaMemo (Ji et al., 2022): the memory looks ahead at the segment and interpolates its context",
+             model="memlm.models.lamemo:LaMemo", mem_len="positive",
+             options=("lookahead", "interpolate", "rpe", "interp_eps"),
+             layer_flops="memlm.models.flops:lamemo_layers", extra_params="memlm.models.flops:lamemo_params",
+             decoder="memlm.trainer.inference.generate_cache:LaMemoDecoder"),
+    ArchSpec("rmt", "Recurrent Memory Transformer (Bulatov et al., 2022): memory tokens read and written per "
+             "segment, optionally with the Transformer-XL cache",
+             model="memlm.models.rmt:RecurrentMemoryTransformer", options=RMT_OPTIONS,
+             layer_flops="memlm.models.flops:rmt_layers", extra_params="memlm.models.flops:rmt_params",
+             memory_tokens="num_mem_tokens", recurrence="memory_bptt",
+             decoder="memlm.trainer.inference.generate_cache:RMTDecoder"),
+)}
+
+ARCHS = tuple(ARCHITECTURES)
+
+
+def arch_spec(name: str) -> ArchSpec:
+    """The registry entry of `name`; a ConfigError listing the registered ones otherwise."""
+    spec = ARCHITECTURES.get(name)
+    if spec is None:
+        from .config import ConfigError  # here: config.py imports this module
+
+        raise ConfigError(f"model.arch: unknown architecture {name!r}; valid: {', '.join(ARCHS)} "
+                          "(models/registry.py)")
+    return spec

@@ -1,0 +1,93 @@
+"""models/registry.py: the one place that knows which archs exist. Every entry builds, counts and validates through
+it alone, a new entry needs no edit elsewhere in models/, and every registered arch is under the contract tests."""
+
+import pytest
+import torch
+
+from memlm.models import ARCHITECTURES, ArchSpec, ConfigError, ModelConfig, build_model, map_memory
+from memlm.models import registry as registry_module
+from memlm.models.flops import flops_per_token, param_count
+from support.models import tiny_model_config
+
+MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
+
+
+def _tiny(spec: ArchSpec, **fields) -> ModelConfig:
+    extra = {spec.memory_tokens: 2} if spec.memory_tokens else {}
+    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **extra, **fields})
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_entry_builds_its_class_and_counts_its_parameters(name):
+    spec = ARCHITECTURES[name]
+    cfg = _tiny(spec)
+    model = build_model(cfg)
+    assert type(model) is spec.load("model")
+    assert spec.load("decoder")(model) is not None  # memlm generate's incremental decoder
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert flops_per_token(cfg)["total"] > 0
+
+
+def test_an_unknown_arch_lists_the_registered_ones():
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(arch="compressive").validate()
+    assert str(err.value).startswith("model.arch: unknown architecture 'compressive'; valid: "
+                                     + ", ".join(ARCHITECTURES))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_mem_len_rules_and_foreign_options_are_refused_by_the_entry(name):
+    spec = ARCHITECTURES[name]
+    if spec.mem_len == "zero":
+        with pytest.raises(ConfigError, match=f"model.mem_len must be 0 for arch '{name}'"):
+            _tiny(spec, mem_len=4).validate()
+    if spec.mem_len == "positive":
+        with pytest.raises(ConfigError, match=f"model.mem_len must be >= 1 for arch '{name}'"):
+            _tiny(spec, mem_len=0).validate()
+    for other in ARCHITECTURES.values():
+        for option in set(other.options) - set(spec.options):
+            default = getattr(ModelConfig(), option)
+            changed = (not default) if isinstance(default, bool) else ("xl" if isinstance(default, str) else 3)
+            with pytest.raises(ConfigError, match=f"model.{option} only applies to arch '{other.name}'"):
+                _tiny(spec, **{option: changed}).validate()
+
+
+def test_a_new_entry_is_all_models_needs(monkeypatch):
+    """An arch registered under a new name (here Transformer-XL's class and FLOPs again) builds, validates and is
+    counted with no other edit in models/."""
+    entry = ArchSpec("txl_again", "Transformer-XL under another name", model="memlm.models.txl:TransformerXL",
+                     layer_flops="memlm.models.flops:txl_layers")
+    monkeypatch.setitem(registry_module.ARCHITECTURES, entry.name, entry)
+    cfg = tiny_model_config(arch="txl_again")
+    model = build_model(cfg)
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert flops_per_token(cfg) == flops_per_token(tiny_model_config(arch="txl"))
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.tgt_len))
+    out = model(tokens, model.init_memory(2), targets=tokens)
+    assert out.nll.shape == (2, cfg.tgt_len)
+
+
+def test_every_registered_arch_is_under_the_contract_tests():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("test_contract.py")
+    module_spec = importlib.util.spec_from_file_location("contract_variants", path)
+    contract = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(contract)
+    assert {v["arch"] for v in contract.VARIANTS.values()} == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_memory_state_has_the_common_interface(name):
+    """detached(): the same kind of state, cut from the autograd graph (what the trainer carries)."""
+    spec = ARCHITECTURES[name]
+    cfg = _tiny(spec)
+    model = build_model(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.tgt_len))
+    memory = model(tokens, model.init_memory(2), targets=tokens).memory
+    cut = memory.detached()
+    assert type(cut) is type(memory)
+    tensors = []
+    map_memory(tensors.append, cut)
+    assert tensors and not any(t.requires_grad for t in tensors)
