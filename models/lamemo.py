@@ -175,7 +175,7 @@ class LaMemo(Backbone):
                 layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
                 record=record_ahead, flex_block_mask=mask_ahead,
             )
-            ctx_mem, lognorm_mem = self._interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
+            ctx_mem, lognorm_mem = self.interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
                                                      record=record_alpha)
         ctx_all = torch.cat([ctx_mem, ctx_cur], dim=1)  # [B, K, H, E]
         lognorm_all = torch.cat([lognorm_mem, lognorm_cur], dim=1)  # [B, K, H]
@@ -183,7 +183,7 @@ class LaMemo(Backbone):
             return layer.finish(rows[:, M:], ctx_cur), ctx_all, lognorm_all
         return layer.finish(rows, ctx_all), ctx_all, lognorm_all
 
-    def _interpolate(
+    def interpolate(
         self, ctx_past: Tensor, lognorm_past: Tensor, ctx_ahead: Tensor, lognorm_ahead: Tensor,
         record: Callable[[Tensor], None] | None = None,
     ) -> tuple[Tensor, Tensor]:

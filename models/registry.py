@@ -50,21 +50,21 @@ RMT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", 
 ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
     ArchSpec("transformer", "Transformer + relative positions, no memory: every segment alone (the baseline)",
              model="memlm.models.txl:TransformerXL", mem_len="zero", layer_flops="memlm.models.flops:txl_layers",
-             decoder="memlm.trainer.inference.generate_cache:TXLDecoder"),
+             decoder="memlm.models.decoders:TXLDecoder"),
     ArchSpec("txl", "Transformer-XL (Dai et al., 2019): a cache of the last M layer inputs, no gradient into it",
              model="memlm.models.txl:TransformerXL", layer_flops="memlm.models.flops:txl_layers",
-             decoder="memlm.trainer.inference.generate_cache:TXLDecoder"),
+             decoder="memlm.models.decoders:TXLDecoder"),
     ArchSpec("lamemo", "LaMemo (Ji et al., 2022): the memory looks ahead at the segment and interpolates its context",
              model="memlm.models.lamemo:LaMemo", mem_len="positive",
              options=("lookahead", "interpolate", "rpe", "interp_eps"),
              layer_flops="memlm.models.flops:lamemo_layers", extra_params="memlm.models.flops:lamemo_params",
-             decoder="memlm.trainer.inference.generate_cache:LaMemoDecoder"),
+             decoder="memlm.models.decoders:LaMemoDecoder"),
     ArchSpec("rmt", "Recurrent Memory Transformer (Bulatov et al., 2022): memory tokens read and written per "
              "segment, optionally with the Transformer-XL cache",
              model="memlm.models.rmt:RecurrentMemoryTransformer", options=RMT_OPTIONS,
              layer_flops="memlm.models.flops:rmt_layers", extra_params="memlm.models.flops:rmt_params",
              memory_tokens="num_mem_tokens", recurrence="memory_bptt",
-             decoder="memlm.trainer.inference.generate_cache:RMTDecoder"),
+             decoder="memlm.models.decoders:RMTDecoder"),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

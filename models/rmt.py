@@ -46,6 +46,11 @@ class RMTMemory:
     transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
     cache: TXLMemory  # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none)
 
+    @property
+    def valid(self) -> Tensor:
+        """[B, M] bool: the Transformer-XL cache's slots holding real positions (the memory interface's valid)."""
+        return self.cache.valid
+
     def detached(self) -> "RMTMemory":
         """The same state cut from the autograd graph, its transition count back to 0."""
         return dataclasses.replace(self, tokens=cut(self.tokens), transitions=0)

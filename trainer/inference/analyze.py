@@ -29,6 +29,7 @@ import torch
 
 from memlm.models.attention import causal_allowed
 from memlm.models.config import ConfigError
+from memlm.models.registry import arch_spec
 from memlm.models.rmt import rmt_allowed
 from memlm.models.txl import reset_valid
 
@@ -152,10 +153,10 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
     L, N, M = cfg.n_layer, cfg.tgt_len, cfg.mem_len
     arch = cfg.arch
     recorder = Recorder()
-    causal = CausalStats(L, M, N) if arch in ("transformer", "txl", "lamemo") else None
-    alpha = AlphaStats(L, M) if arch == "lamemo" and cfg.lookahead and cfg.interpolate else None
+    # Statistics for what the model records (models/backbone.py record_to): "causal" attention weights, LaMemo's
+    # "alpha", RMT's "rmt" maps; each is started by the first segment that reports it.
+    causal = alpha = maps = None
     R = cfg.num_mem_tokens
-    maps = MapStats(L, 2 * R + N, M + 2 * R + N) if arch == "rmt" else None
     memory = model.init_memory(batch_size=1)
     done = 0
     model.recorder = recorder
@@ -165,10 +166,16 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
                 break
             reset = batch.reset
             scored = batch.targets[0] != -100
-            valid = reset_valid(memory.cache.valid if arch == "rmt" else memory.valid, reset)  # [1, M]
+            valid = reset_valid(memory.valid, reset)  # [1, M]
             out = model(batch.tokens, memory, reset=reset)
             memory = out.memory
             items = recorder.take()
+            if causal is None and ("causal", 0) in items:
+                causal = CausalStats(L, M, N)
+            if alpha is None and ("alpha", 0) in items:
+                alpha = AlphaStats(L, M)
+            if maps is None and ("rmt", 0) in items:
+                maps = MapStats(L, 2 * R + N, M + 2 * R + N)
             for l in range(L):
                 if causal is not None:
                     allowed = causal_allowed(N, M, valid, cfg.same_length)[0]
@@ -219,8 +226,8 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
         raise ConfigError(f"--segments must be >= 1, got {segments}")
     run_dir = Path(run_dir)
     model, _, cfg = load_run_model(run_dir, tag=tag)
-    if model.cfg.arch == "transformer":
-        log.info("arch 'transformer' has no memory: only the current segment's attention is analysed")
+    if arch_spec(model.cfg.arch).mem_len == "zero":
+        log.info(f"arch {model.cfg.arch!r} has no memory: only the current segment's attention is analysed")
     data_dir = Path(cfg.data.path)
     from memlm.data_pipeline.shards import load_manifest
 

@@ -9,7 +9,7 @@ How a token is decoded. The model reads text in segments of N = model.tgt_len to
 training and evaluation. The prompt (after one boundary id, which starts every document the model was trained on)
 is fed in segments: whole segments through the model's own forward, the rest incrementally. Each new token is then
 sampled and fed with an incremental cache of the current segment's keys and values
-(trainer/inference/generate_cache.py),
+(models/decoders.py),
 so it costs attention over the M memory keys and the t tokens before it, not a rerun of the segment. When a segment
 is full, the model's forward over those N tokens, from the memory the segment started with, gives the next memory:
 the memory rule (Transformer-XL's cache of the last M layer inputs; LaMemo's refreshed context C, log-normaliser
@@ -45,8 +45,7 @@ from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer, load_tokenizer
 from memlm.models import build_model
 from memlm.models.config import ConfigError
-
-from .generate_cache import make_decoder
+from memlm.models.decoders import make_decoder
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loading a run (the same path as `memlm eval`: resolved config, `latest` checkpoint, consolidated weights)

@@ -172,14 +172,14 @@ def test_lamemo_lognorms_and_alpha_stay_finite_in_bf16_with_huge_scores():
                 module.q_net.weight.mul_(300.0)
                 module.kv_net.weight.mul_(300.0)
     seen = []
-    original = model._interpolate
+    original = model.interpolate
 
     def interpolate(ctx_past, lognorm_past, ctx_ahead, lognorm_ahead, record=None):
         out = original(ctx_past, lognorm_past, ctx_ahead, lognorm_ahead, record=lambda a: seen.append(
             (lognorm_past.double(), lognorm_ahead.double(), a.double())))
         return out
 
-    model._interpolate = interpolate
+    model.interpolate = interpolate
     memory = model.init_memory(batch_size=2)
     tokens = torch.randint(0, 50, (3, 2, 8))
     peak = 0.0

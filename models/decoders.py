@@ -1,7 +1,7 @@
 """Incremental decoding inside one segment: the current segment's keys and values are cached per layer, so a new
 token costs attention over the M memory keys (plus RMT's R read rows) and the t tokens before it, never a rerun
-of the segment. Used by `trainer.inference.generate`; exact against the models' own segment forward
-(tests/trainer/inference/test_generate.py).
+of the segment. Each arch's registry entry names its decoder; `trainer.inference.generate` uses it. Exact
+against the models' own segment forward (tests/trainer/inference/test_generate.py).
 
 Shape legend: B lanes, N segment length (cfg.tgt_len), M memory length, R memory tokens (RMT), Q new tokens of
 one `extend` call, t tokens already in the segment, L layers, D model width, H heads, E head width, V vocabulary.
@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from memlm.models.attention import attend, causal_allowed, causal_index, relative_encodings
-from memlm.models.lamemo import lookahead_layout
-from memlm.models.rmt import rmt_allowed, rmt_positions
+from .attention import attend, causal_allowed, causal_index, relative_encodings
+from .lamemo import lookahead_layout
+from .rmt import rmt_allowed, rmt_positions
 
 
 class SegmentDecoder:
@@ -167,7 +167,7 @@ class LaMemoDecoder(SegmentDecoder):
                 ctx_ahead, lognorm_ahead = attend(
                     q[:, :M], k[:, window], v[:, window], self.r_k_ahead[l], self.index_ahead, self.allowed_ahead,
                     u, self.bias_ahead[l], layer.attn.dropatt, per_key_positions=M > cfg.tgt_len)
-                ctx_mem, _ = model._interpolate(ctx_mem, memory.lognorm[l], ctx_ahead, lognorm_ahead)
+                ctx_mem, _ = model.interpolate(ctx_mem, memory.lognorm[l], ctx_ahead, lognorm_ahead)
             out = layer.finish(keys_in, torch.cat([ctx_mem, ctx_cur], dim=1))
             h_mem, h_cur = out[:, :M], out[:, M:]
         return h_cur
@@ -215,6 +215,6 @@ class RMTDecoder(SegmentDecoder):
 
 def make_decoder(model: torch.nn.Module) -> SegmentDecoder:
     """The incremental decoder the model's registry entry names."""
-    from memlm.models.registry import arch_spec
+    from .registry import arch_spec
 
     return arch_spec(model.cfg.arch).load("decoder")(model)
