@@ -15,6 +15,7 @@ RPE_KINDS = ("disentangled", "xl")
 BPTT_MODES = ("window", "chunk")
 ATTENTION_KERNELS = ("auto", "eager", "flex")
 HEAD_LOSSES = ("auto", "full", "chunked")
+COMPRESSIONS = ("conv", "mean", "max")  # Compressive Transformer: 1D convolution (the paper's best) or pooling
 # RMT's window BPTT: four choices where memlm's training step and the RMT authors' loop (booydar/LM-RMT) differ.
 # Each option left "" takes its value from model.bptt_recipe; values: (memlm's, the authors').
 BPTT_RECIPES = ("memlm", "authors")
@@ -93,6 +94,13 @@ class ModelConfig:
     bptt_new_segment_cache: str = ""
     memory_init_grad: str = ""
     bptt_replay_reduction: str = ""
+    # Compressive Transformer (Rae et al., 2020): compressed memory slots per layer (the "external memory"), the
+    # compression rate c (tgt_len must divide by it), the compression function, and the weight of the
+    # attention-reconstruction loss that alone trains it
+    compressed_len: int = 0
+    compression_rate: int = 3
+    compression: str = "conv"
+    compression_loss_weight: float = 1.0
 
     def bptt_choice(self, name: str) -> str:
         """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""
@@ -155,6 +163,8 @@ class ModelConfig:
                 if getattr(self, name) != getattr(defaults, name):
                     raise ConfigError(f"model.{name} only applies to arch {other.name!r} (arch is {self.arch!r}); "
                                       "remove it")
+        if self.arch == "compressive":
+            self._validate_compression()
         if self.rpe not in RPE_KINDS:
             raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
         if self.interp_eps < 0:
@@ -182,6 +192,20 @@ class ModelConfig:
                 if getattr(self, name) not in ("", *values):
                     raise ConfigError(f"model.{name}: unknown value {getattr(self, name)!r}; valid: "
                                       f"{', '.join(values)} (or leave it empty for model.bptt_recipe's)")
+
+    def _validate_compression(self) -> None:
+        if self.compressed_len < 1:
+            raise ConfigError("model.compressed_len must be >= 1 for arch 'compressive' (the compressed memory's "
+                              "slots per layer; LaMemo's Table 1 uses 150)")
+        if self.compression_rate < 1 or self.tgt_len % self.compression_rate:
+            raise ConfigError(f"model.compression_rate must be >= 1 and divide model.tgt_len={self.tgt_len} (the "
+                              "segment's evicted rows compress into tgt_len / rate slots), got "
+                              f"{self.compression_rate}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"model.compression: unknown function {self.compression!r}; valid: "
+                              f"{', '.join(COMPRESSIONS)}")
+        if self.compression_loss_weight < 0:
+            raise ConfigError(f"model.compression_loss_weight must be >= 0, got {self.compression_loss_weight}")
 
     @classmethod
     def field_names(cls) -> list[str]:

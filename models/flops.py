@@ -48,18 +48,21 @@ from __future__ import annotations
 from .config import ModelConfig
 from .registry import arch_spec
 
-PAPER_WT103_PARAMS = 151e6  # LaMemo paper, Table 1 (all three models)
-PAPER_WT103_FLOPS = {"transformer": 148e6, "txl": 157e6, "lamemo": 191e6}  # "#FLOPS", Table 1
+# LaMemo paper, Table 1: "#Params" and "#FLOPS" per model (the Compressive Transformer's as LaMemo reports it)
+PAPER_WT103_PARAMS = {"transformer": 151e6, "txl": 151e6, "lamemo": 151e6, "compressive": 161e6}
+PAPER_WT103_FLOPS = {"transformer": 148e6, "txl": 157e6, "lamemo": 191e6, "compressive": 169e6}
 
 
 def paper_wt103_config(arch: str) -> ModelConfig:
     """The LaMemo paper's WikiText-103 base model (Transformer-XL base): 16 layers, 10 heads x 41, d_model 410,
     d_inner 2100, adaptive input/softmax with cutoffs 20k/40k/200k, div_val 1, tied weights, N = M = 150
-    (M = 0 for the Transformer+RPE baseline)."""
+    (M = 0 for the Transformer+RPE baseline); the Compressive Transformer with 150 compressed slots at rate 3
+    (configs/paper/wt103/compressive.yaml)."""
+    extra = dict(compressed_len=150, compression_rate=3) if arch == "compressive" else {}
     return ModelConfig(
         arch=arch, n_layer=16, n_head=10, d_model=410, d_head=41, d_inner=2100, vocab_size=267735,
         cutoffs=[20000, 40000, 200000], div_val=1, tie_weight=True, tgt_len=150,
-        mem_len=0 if arch == "transformer" else 150, dropout=0.1,
+        mem_len=0 if arch == "transformer" else 150, dropout=0.1, **extra,
     ).validate()
 
 
@@ -151,8 +154,8 @@ def flops_per_token(
     seg["embedding"] = N * _embedding_flops(cfg, fractions)
 
     layers, head_rows = arch_spec(cfg.arch).load("layer_flops")(cfg, batch_size)
-    for name, value in layers.items():
-        seg[name] += value
+    for name, value in layers.items():  # an arch may add components of its own (the compressive memory's)
+        seg[name] = seg.get(name, 0.0) + value
 
     seg["head"] += head_rows * head_row
     out = {k: v / N for k, v in seg.items()}
@@ -276,6 +279,32 @@ def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int
     return seg, N
 
 
+def compressive_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
+    """Compressive Transformer: Transformer-XL over P = C + M cached rows, plus the compression of the N evicted
+    rows per layer (a [c D] x [D] matmul per slot; pooling counts nothing). The attention-reconstruction loss is
+    training-only and not counted, as the backward is not."""
+    D, A, F_, L, N, M, mm = _widths(cfg)
+    seg = _components()
+    K = cfg.compressed_len + M + N
+    for _ in range(L):
+        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)
+        seg["pos_proj"] += mm(K, D, A) / batch_size
+        seg["attn_content"] += mm(N, A, K)
+        seg["attn_position"] += mm(N, A, K)
+        seg["attn_context"] += mm(N, K, A)
+        seg["ffn"] += 2 * mm(N, D, F_)
+        if cfg.compression == "conv":
+            seg["compression"] = seg.get("compression", 0.0) + mm(N // cfg.compression_rate,
+                                                                  cfg.compression_rate * D, D)
+    return seg, N
+
+
+def compressive_params(cfg: ModelConfig) -> int:
+    """The compressor of every layer: a [D, D, c] convolution and its bias (pooling has none)."""
+    return cfg.n_layer * (cfg.d_model * cfg.d_model * cfg.compression_rate + cfg.d_model) \
+        if cfg.compression == "conv" else 0
+
+
 def lamemo_params(cfg: ModelConfig) -> int:
     """v- for the look-ahead direction (the disentangled encoding)."""
     return (cfg.n_layer if cfg.untie_r else 1) * cfg.n_head * cfg.d_head if cfg.rpe == "disentangled" else 0
@@ -287,7 +316,7 @@ def rmt_params(cfg: ModelConfig) -> int:
 
 
 if __name__ == "__main__":  # python -m memlm.models.flops: the WikiText-103 table
-    for arch in ("transformer", "txl", "lamemo"):
+    for arch in ("transformer", "txl", "lamemo", "compressive"):
         cfg = paper_wt103_config(arch)
         f, full = flops_per_token(cfg), flops_per_token(cfg, full_softmax=True)
         print(f"{arch:12s} params {param_count(cfg):,}  FLOPs/token {f['total'] / 1e6:6.1f}M "

@@ -33,6 +33,9 @@ class ArchSpec:
     memory_tokens: str = ""  # the ModelConfig key counting memory tokens per segment (compare's column); "" = none
     # "module:Class"(model) of the incremental decoder `memlm generate` uses (its logits equal the segment forward's)
     decoder: str = ""
+    # (key, value) pairs a tiny test model of this arch needs beyond ModelConfig's defaults (8-token segments):
+    # what the generic tests (tests/models/test_registry.py) build it with
+    test_settings: tuple[tuple[str, Any], ...] = ()
     # The trainer's schedule (trainer/loop/recurrence.py): "segment" (one segment per micro-batch, memory detached
     # between them) or "memory_bptt" (RMT: gradients through the memory over model.bptt_depth segments)
     recurrence: str = "segment"
@@ -64,7 +67,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              model="memlm.models.rmt:RecurrentMemoryTransformer", options=RMT_OPTIONS,
              layer_flops="memlm.models.flops:rmt_layers", extra_params="memlm.models.flops:rmt_params",
              memory_tokens="num_mem_tokens", recurrence="memory_bptt",
-             decoder="memlm.models.decoders:RMTDecoder"),
+             decoder="memlm.models.decoders:RMTDecoder", test_settings=(("num_mem_tokens", 2),)),
+    ArchSpec("compressive", "Compressive Transformer (Rae et al., 2020): Transformer-XL's memory plus C slots of "
+             "evicted rows compressed at rate c, trained by attention reconstruction",
+             model="memlm.models.compressive:CompressiveTransformer",
+             options=("compressed_len", "compression_rate", "compression", "compression_loss_weight"),
+             layer_flops="memlm.models.flops:compressive_layers", extra_params="memlm.models.flops:compressive_params",
+             decoder="memlm.models.decoders:CompressiveDecoder",
+             test_settings=(("compressed_len", 4), ("compression_rate", 2))),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

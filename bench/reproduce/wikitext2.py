@@ -64,28 +64,36 @@ VARIANTS = {
     "lamemo_no_interp": ("LaMemo w/o interpolation", ["model.arch=lamemo", "model.interpolate=false"]),
     "rmt": ("RMT", ["model.arch=rmt", "model.mem_len=0"]),  # + the profile's "rmt" keys
     "txl_rmt": ("Transformer-XL + RMT", ["model.arch=rmt"]),
+    "compressive": ("Compressive Transformer", ["model.arch=compressive"]),  # + the profile's "compressive" keys
 }
 # The queue runs the papers' main comparison first (every seed), then the ablations and RMT.
-QUEUE_ORDER = (("transformer", "txl", "lamemo"), ("lamemo_no_lookahead", "lamemo_no_interp", "rmt", "txl_rmt"))
+QUEUE_ORDER = (("transformer", "txl", "lamemo", "compressive"),
+               ("lamemo_no_lookahead", "lamemo_no_interp", "rmt", "txl_rmt"))
 PROFILES = {
-    # 2,000 steps x 512 tokens = 1.02M tokens per run (about half an epoch); about an hour for all 14 runs on 2 cores.
+    # 2,000 steps x 512 tokens = 1.02M tokens per run (about half an epoch); about 70 min for all 16 runs on 2 cores.
+    # Each arch's own keys: RMT's memory tokens and BPTT; the Compressive Transformer's compressed memory as large as
+    # the memory (LaMemo's Table 1: 150 and 150), at the largest rate up to Rae et al.'s 3 that divides N.
     "cpu": {"steps": 2000, "seeds": [1, 2], "overrides": ["train.log_every=100"],
-            "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"]},
+            "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
+            "compressive": ["model.compressed_len=64", "model.compression_rate=2"]},
     # Longer training for the comparison whose gap is small at 2,000 steps (Transformer-XL against LaMemo).
     "cpu_long": {"steps": 4000, "seeds": [1], "overrides": ["train.log_every=100"],
-                 "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"]},
+                 "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
+                 "compressive": ["model.compressed_len=64", "model.compression_rate=2"]},
     # The WikiText-103 base shape (16 layers, d 410, 10 x 41 heads, N = M = 150) trained on WikiText-2.
     "gpu": {"steps": 8000, "seeds": [1, 2], "overrides": [
         "model.n_layer=16", "model.n_head=10", "model.d_head=41", "model.d_model=410", "model.d_inner=2100",
         "model.tgt_len=150", "model.mem_len=150", "data.batch_size=32", "train.lr=2.5e-4", "train.warmup_steps=0",
         "deepspeed.precision=bf16", "train.log_every=200"],
-        "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"]},
+        "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
+        "compressive": ["model.compressed_len=150", "model.compression_rate=3"]},
     # CI: a few hundred lines of each split, a width-32 model, 3 steps; proves the pipeline, never the quality.
     "smoke": {"steps": 3, "seeds": [1], "overrides": [
         "model.n_layer=2", "model.n_head=2", "model.d_head=16", "model.d_model=32", "model.d_inner=64",
         "model.tgt_len=8", "model.mem_len=8", "model.cutoffs=[100,500]", "data.batch_size=2",
         "train.warmup_steps=1", "train.log_every=1"],
-        "rmt": ["model.num_mem_tokens=2", "model.bptt_depth=1"]},
+        "rmt": ["model.num_mem_tokens=2", "model.bptt_depth=1"],
+        "compressive": ["model.compressed_len=4", "model.compression_rate=2"]},
 }
 SMOKE_LINES = 40  # lines of each WikiText-2 split in the smoke corpus (a document or two)
 
@@ -127,7 +135,8 @@ def one_run(variant: str, seed: int, *, profile: str, data: Path, work: Path, ur
         shutil.rmtree(run_dir)
     vocab = read_json(data / "manifest.json")["tokenizer"]["vocab_size"]
     # The profile's shape first, then the variant's own keys (the no-memory baseline's mem_len=0 wins).
-    overrides = spec["overrides"] + keys + (spec["rmt"] if "model.arch=rmt" in keys else []) + [
+    arch = next(key.partition("=")[2] for key in keys if key.startswith("model.arch="))
+    overrides = spec["overrides"] + keys + spec.get(arch, []) + [
         f"train.steps={spec['steps']}", f"train.seed={seed}", f"data.path={data}", f"model.vocab_size={vocab}",
         f"tracking.uri={uri}", f"tracking.experiment={experiment}", f"tracking.run_name={name}"]
     load_before = load_average()
@@ -268,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     # The smoke profile (CI) writes next to its runs, never over the committed results.
     results, figures = (work, work) if args.profile == "smoke" else (RESULTS, FIGURES)
     out = args.out or results / f"reproduce_wt2_{args.profile}.json"
-    figure = plot(summary, figures / f"reproduce_wt2_{args.profile}.png",
+    figure = plot(summary, figures / f"{out.stem}.png",  # named after the JSON: another --out, another figure
                   f"WikiText-2, {PROFILES[args.profile]['steps']:,} equal steps: test perplexity")
     write_result(out, {"experiment": "wikitext2", "profile": args.profile, "machine": machine(),
-                     "command": f"python bench/reproduce/wikitext2.py --profile {args.profile}",
+                     "command": " ".join(["python bench/reproduce/wikitext2.py",
+                                          *(sys.argv[1:] if argv is None else argv)]),
                      "preset": str(PRESET.relative_to(ROOT)), "profile_overrides": PROFILES[args.profile]["overrides"],
                      "steps": PROFILES[args.profile]["steps"], "jobs": args.jobs, "mlflow_experiment": experiment,
                      "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,

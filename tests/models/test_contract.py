@@ -22,6 +22,9 @@ VARIANTS = {
     "rmt-cache-aux": dict(arch="rmt", num_mem_tokens=3, bptt_depth=2, aux_loss_weight=0.1, same_length=True),
     "rmt-token-cache-read": dict(arch="rmt", num_mem_tokens=2, read_mem_from_cache=True, cache_memory_rows=False),
     "rmt-row-cache-read": dict(arch="rmt", num_mem_tokens=2, mem_len=13, read_mem_from_cache=True),
+    "compressive": dict(arch="compressive", compressed_len=4, compression_rate=2),
+    "compressive-short-mem-pool": dict(arch="compressive", mem_len=3, compressed_len=6, compression_rate=4,
+                                       compression="max"),
 }
 
 
@@ -79,11 +82,12 @@ def test_memory_length_is_configuration_only(variant):
     options = VARIANTS[variant]
     small = build_model(tiny(**options))
     mem = options.get("mem_len", 6)
-    big = build_model(tiny(**{**options, "mem_len": 10 * mem, "tgt_len": 7}))
+    n = 2 * options["compression_rate"] if "compression_rate" in options else 7  # segments must compress whole
+    big = build_model(tiny(**{**options, "mem_len": 10 * mem, "tgt_len": n}))
     big.load_state_dict(small.state_dict(), strict=True)
-    tokens = torch.randint(0, 40, (2, 21))
+    tokens = torch.randint(0, 40, (2, 3 * n))
     out = run(big.eval(), tokens)
-    assert out.shape == (2, 21, 40) and torch.isfinite(out).all()
+    assert out.shape == (2, 3 * n, 40) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

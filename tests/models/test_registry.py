@@ -13,8 +13,8 @@ MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
 
 
 def _tiny(spec: ArchSpec, **fields) -> ModelConfig:
-    extra = {spec.memory_tokens: 2} if spec.memory_tokens else {}
-    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **extra, **fields})
+    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
+                                **fields})
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -30,8 +30,8 @@ def test_every_entry_builds_its_class_and_counts_its_parameters(name):
 
 def test_an_unknown_arch_lists_the_registered_ones():
     with pytest.raises(ConfigError) as err:
-        ModelConfig(arch="compressive").validate()
-    assert str(err.value).startswith("model.arch: unknown architecture 'compressive'; valid: "
+        ModelConfig(arch="infini").validate()
+    assert str(err.value).startswith("model.arch: unknown architecture 'infini'; valid: "
                                      + ", ".join(ARCHITECTURES))
 
 
@@ -47,7 +47,8 @@ def test_mem_len_rules_and_foreign_options_are_refused_by_the_entry(name):
     for other in ARCHITECTURES.values():
         for option in set(other.options) - set(spec.options):
             default = getattr(ModelConfig(), option)
-            changed = (not default) if isinstance(default, bool) else ("xl" if isinstance(default, str) else 3)
+            changed = (not default) if isinstance(default, bool) else (
+                default + "_other" if isinstance(default, str) else default + 1)
             with pytest.raises(ConfigError, match=f"model.{option} only applies to arch '{other.name}'"):
                 _tiny(spec, **{option: changed}).validate()
 

@@ -405,3 +405,88 @@ def rmt_reference(model, tokens: list[int], targets: list[int], seg_len: int, do
             cache=slots,
         ))
     return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compressive Transformer (Rae et al., 2020; not among ../shared/papers: the rules below are the paper's section 3
+# and Algorithm 1-2 as docs/design.md §3 and models/compressive.py's docstring state them)
+
+
+@dataclass
+class CompressiveSegment:
+    nll: list[float]
+    reconstruction: float  # the segment's attention-reconstruction error, summed over layers (unweighted)
+
+
+def compressive_reference(model, tokens: list[int], targets: list[int], seg_len: int,
+                          doc_starts) -> list[CompressiveSegment]:
+    """Per segment s (positions [s, s + N)) of one lane: every layer attends over the compressed slots, the
+    memory positions [s - M, s) and the causal past of the segment, all of the current document; memory keys at
+    their distances i - j, the C compressed slots (oldest first) as the C positions before the memory. After the
+    segment the N oldest rows of [memory | segment], positions [s - M, s - M + N), are compressed c at a time
+    (slot = conv over the layer inputs of c consecutive positions); a slot is valid when all c positions are of
+    the current document (positions before the lane's first token are empty). Reconstruction: per layer, the
+    squared error between the content attention (q.k / sqrt(E), no position term) of the segment's layer inputs
+    over the evicted positions and over their slots, mean over queries, heads and widths, summed over layers."""
+    W, cfg = Weights(model), model.cfg
+    N, M, C, c, L, D = seg_len, cfg.mem_len, cfg.compressed_len, cfg.compression_rate, cfg.n_layer, cfg.d_model
+    layer_in: list[dict[int, torch.Tensor]] = [{} for _ in range(L)]  # per layer: position -> its layer input
+    slots: list[list[tuple[int, list[torch.Tensor]]]] = [[] for _ in range(L)]  # (first position, per layer)
+
+    def input_of(l: int, p: int) -> torch.Tensor:
+        return layer_in[l].get(p, torch.zeros(D, dtype=torch.float64))  # positions < 0: the empty memory
+
+    def compress(l: int, first: int) -> torch.Tensor:
+        conv = model.compressors[l].conv
+        w, b = conv.weight.detach().double(), conv.bias.detach().double()  # [D, D, c], [D]
+        return b + sum(w[:, :, t] @ input_of(l, first + t) for t in range(c))
+
+    def content_attention(l: int, q: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
+        if not keys:
+            return torch.zeros(W.H, W.E, dtype=torch.float64)
+        kv = [W.qkv(l, x)[1:] for x in keys]
+        scores = [(q * k).sum(-1) / math.sqrt(W.E) for k, _ in kv]
+        ctx, _ = softmax_over(scores, [v for _, v in kv])
+        return ctx
+
+    results = []
+    for s in range(0, len(tokens), N):
+        cur = range(s, s + N)
+        doc = doc_start_of(s, doc_starts)
+        h = {i: W.embed(tokens[i]) for i in cur}
+        evicted = range(s - M, s - M + N)
+        new_firsts = list(range(s - M, s - M + N, c))
+        error = 0.0
+        for l in range(L):
+            for i in cur:
+                layer_in[l][i] = h[i]
+            kept = slots[l][-C:]  # the compressed memory the segment reads, oldest first
+            offset = C - len(kept)  # before C slots were made, the first ones are the empty initial memory
+            u, v = W.bias("bias_u", l), W.bias("bias_v", l)
+            new_h = {}
+            for i in cur:
+                q = W.qkv(l, h[i])[0]
+                scores, values = [], []
+                for x, (first, slot) in enumerate(kept):
+                    if first >= doc:  # all c positions of the slot are of this document
+                        _, k, val = W.qkv(l, slot)
+                        scores.append(W.score(l, q, k, u, v, clamped(C + M + (i - s) - (offset + x),
+                                                                     cfg.clamp_len)))
+                        values.append(val)
+                for j in range(max(doc, s - M), i + 1):
+                    _, k, val = W.qkv(l, input_of(l, j))
+                    scores.append(W.score(l, q, k, u, v, clamped(i - j, cfg.clamp_len)))
+                    values.append(val)
+                ctx, _ = softmax_over(scores, values)
+                new_h[i] = W.finish(l, h[i], ctx)
+            # the segment's evicted rows and their compression into this layer's slots
+            made = [(first, compress(l, first)) for first in new_firsts]
+            for i in cur:
+                q = W.qkv(l, h[i])[0]
+                old = content_attention(l, q, [input_of(l, j) for j in evicted if j >= doc and j >= 0])
+                new = content_attention(l, q, [slot for first, slot in made if first >= doc and first >= 0])
+                error += float(((new - old) ** 2).sum()) / (N * W.H * W.E)
+            slots[l] += made
+            h = new_h
+        results.append(CompressiveSegment(nll=[W.nll(h[i], targets[i]) for i in cur], reconstruction=error))
+    return results

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from memlm.models.registry import ARCHITECTURES
+
 REPO = Path(__file__).resolve().parents[2]
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"  # the launcher installed beside this interpreter
-ARCHS = ("transformer", "txl", "lamemo", "rmt")
+# Every registered arch (each has its tiny preset, configs/tiny/ARCH.yaml): the trainer tests run them all.
+ARCHS = tuple(ARCHITECTURES)
 # Launcher variables a test process may carry from an in-process run; subprocesses must pick their own.
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 

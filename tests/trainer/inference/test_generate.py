@@ -34,7 +34,16 @@ CASES = {
     "txl_rmt": dict(arch="rmt", mem_len=8, num_mem_tokens=2),
     "txl_rmt_read_cache_tokens_only": dict(arch="rmt", mem_len=8, num_mem_tokens=3, read_mem_from_cache=True,
                                            cache_memory_rows=False),
+    "compressive": dict(arch="compressive", mem_len=8, compressed_len=4, compression_rate=2),
+    "compressive_short_mem_max": dict(arch="compressive", mem_len=3, compressed_len=6, compression_rate=4,
+                                      compression="max", pre_lnorm=True),
 }
+
+
+def test_every_registered_arch_has_a_case():
+    from memlm.models import ARCHITECTURES
+
+    assert {case["arch"] for case in CASES.values()} == set(ARCHITECTURES)
 V, N = 50, 8
 
 
