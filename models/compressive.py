@@ -40,6 +40,11 @@ class CompressiveMemory:
     compressed: list[Tensor]  # L x [B, C, D] compressed slots, oldest first (detached)
     compressed_valid: Tensor  # [B, C] bool: slot compresses c real positions of the current document
 
+    @property
+    def key_valid(self) -> Tensor:
+        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        return torch.cat([self.compressed_valid, self.valid], dim=1)  # [compressed | memory]
+
     def detached(self) -> "CompressiveMemory":
         return map_memory(torch.Tensor.detach, self)
 

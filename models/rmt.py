@@ -51,6 +51,11 @@ class RMTMemory:
         """[B, M] bool: the Transformer-XL cache's slots holding real positions (the memory interface's valid)."""
         return self.cache.valid
 
+    @property
+    def key_valid(self) -> Tensor:
+        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        return self.cache.valid  # the Transformer-XL cache's (memory tokens are always read)
+
     def detached(self) -> "RMTMemory":
         """The same state cut from the autograd graph, its transition count back to 0."""
         return dataclasses.replace(self, tokens=cut(self.tokens), transitions=0)

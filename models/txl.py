@@ -25,6 +25,11 @@ class TXLMemory:
     hidden: list[Tensor]  # L x [B, M, D] layer inputs of the last M positions (detached)
     valid: Tensor  # [B, M] bool: slot holds a real position of the current document
 
+    @property
+    def key_valid(self) -> Tensor:
+        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        return self.valid
+
     def detached(self) -> "TXLMemory":
         """The state cut from the autograd graph (the memory interface every arch's state has)."""
         return map_memory(torch.Tensor.detach, self)

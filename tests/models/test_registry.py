@@ -81,7 +81,8 @@ def test_every_registered_arch_is_under_the_contract_tests():
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_every_memory_state_has_the_common_interface(name):
-    """detached(): the same kind of state, cut from the autograd graph (what the trainer carries)."""
+    """detached(): the same kind of state, cut from the autograd graph (what the trainer carries); key_valid: the
+    cached keys' validity (what analyses mask with)."""
     spec = ARCHITECTURES[name]
     cfg = _tiny(spec)
     model = build_model(cfg)
@@ -89,6 +90,7 @@ def test_every_memory_state_has_the_common_interface(name):
     memory = model(tokens, model.init_memory(2), targets=tokens).memory
     cut = memory.detached()
     assert type(cut) is type(memory)
+    assert memory.key_valid.dtype == torch.bool and memory.key_valid.shape[0] == 2
     tensors = []
     map_memory(tensors.append, cut)
     assert tensors and not any(t.requires_grad for t in tensors)

@@ -166,19 +166,19 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
                 break
             reset = batch.reset
             scored = batch.targets[0] != -100
-            valid = reset_valid(memory.valid, reset)  # [1, M]
+            valid = reset_valid(memory.key_valid, reset)  # [1, P]: every cached key (compressed slots too)
             out = model(batch.tokens, memory, reset=reset)
             memory = out.memory
             items = recorder.take()
             if causal is None and ("causal", 0) in items:
-                causal = CausalStats(L, M, N)
+                causal = CausalStats(L, valid.shape[1], N)  # "memory": every cached key before the segment
             if alpha is None and ("alpha", 0) in items:
                 alpha = AlphaStats(L, M)
             if maps is None and ("rmt", 0) in items:
                 maps = MapStats(L, 2 * R + N, M + 2 * R + N)
             for l in range(L):
                 if causal is not None:
-                    allowed = causal_allowed(N, M, valid, cfg.same_length)[0]
+                    allowed = causal_allowed(N, valid.shape[1], valid, cfg.same_length)[0]
                     causal.add(l, items[("causal", l)], allowed, scored)
                 if alpha is not None:
                     alpha.add(l, items[("alpha", l)], valid)

@@ -113,6 +113,31 @@ def test_collect_statistics_on_a_stream_of_segments():
         assert 0.0 < iv["memory_mass"][l] < 1.0 and 0.0 < iv["current_mass"][l] <= 1.0
 
 
+def test_collect_counts_compressed_slots_as_memory():
+    """The Compressive Transformer's queries read [compressed | memory | segment]: the statistics' "memory" is every
+    cached key (C + M of them), masked by the state's key_valid, and the masses of each row still sum to one."""
+    from memlm.data_pipeline.stream import Batch
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="compressive", vocab_size=40, tgt_len=N, mem_len=N, compressed_len=4,
+                                    compression_rate=2, init_std=0.3)).eval()
+    gen = torch.Generator().manual_seed(0)
+    batches = [Batch(torch.randint(0, 40, (1, N), generator=gen), torch.randint(0, 40, (1, N), generator=gen),
+                     torch.tensor([s == 0]), torch.tensor([True])) for s in range(4)]
+    result = collect(model, batches, segments=4)
+    iv = result["attention_intervals"]
+    P = 4 + N  # compressed slots + memory rows
+    assert [i["keys"] for i in iv["intervals"] if i["label"].startswith("mem")][-1][1] == P
+    assert [i["keys"] for i in iv["intervals"] if i["label"].startswith("cur")][-1][1] == P + N
+    # Segment 1 reads nothing cached; segments 2-4 read the memory, and 3-4 also the compressed slots: the oldest
+    # interval (the slots) is counted by the scored tokens of 2 segments, the memory's newest by those of 3.
+    counted = iv["tokens_counted"][0]
+    assert counted[0] == 2 * N and counted[len([i for i in iv["intervals"] if i["label"].startswith("mem")]) - 1] \
+        == 3 * N
+    for l in range(model.cfg.n_layer):
+        assert 0.0 < iv["memory_mass"][l] < 1.0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
