@@ -108,28 +108,6 @@ class TXLDecoder(SegmentDecoder):
         return self._logp(h)
 
 
-class CompressiveDecoder(TXLDecoder):
-    """Compressive Transformer: Transformer-XL's decoder over P = C + M cached rows, [compressed | memory]."""
-
-    def begin(self, memory) -> None:
-        cfg, model = self.cfg, self.model
-        P, N = cfg.compressed_len + cfg.mem_len, cfg.tgt_len
-        key_valid = torch.cat([memory.compressed_valid, memory.valid], dim=1)  # [B, P]
-        B, device = key_valid.shape[0], key_valid.device
-        dtype = next(model.parameters()).dtype
-        self.t = 0
-        self._buffers(B, P, device, dtype)
-        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, P + N]
-        self.index = causal_index(N, P, device)  # [N, P + N]
-        r = relative_encodings(torch.arange(P + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
-        self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
-        self.bias = self._biases()
-        for l, layer in enumerate(model.layers):
-            cached = torch.cat([memory.compressed[l], memory.hidden[l]], dim=1).to(dtype)  # [B, P, D]
-            _, k, v = layer.attn.project(layer.attn_input(cached), n_query=0)
-            self.keys[l][:, :P], self.values[l][:, :P] = k, v
-
-
 class LaMemoDecoder(SegmentDecoder):
     """LaMemo: the first extend of a segment refreshes the memory at every layer (see the module docstring)."""
 

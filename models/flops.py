@@ -202,28 +202,29 @@ def param_count(cfg: ModelConfig) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Each arch's layers (its registry entry's layer_flops): one lane's segment, by component, and the head's rows
+# Each arch's layers (its registry entry's layer_flops): one lane's segment, by component, and the head's rows.
+# An arch module may hold its own (models/compressive.py does), built from the three public helpers below.
 
 
-def _mm(rows: float, d_in: int, d_out: int) -> float:
+def matmul_flops(rows: float, d_in: int, d_out: int) -> float:
     """FLOPs of one [rows, d_in] x [d_in, d_out] product."""
     return 2.0 * rows * d_in * d_out
 
 
-def _widths(cfg: ModelConfig) -> tuple:
+def layer_dims(cfg: ModelConfig) -> tuple:
     """D, A, F, L, N, M (the legend above) and the matmul counter."""
-    return cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.tgt_len, cfg.mem_len, _mm
+    return cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.tgt_len, cfg.mem_len, matmul_flops
 
 
-def _components() -> dict[str, float]:
+def segment_components() -> dict[str, float]:
     return dict(attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0, attn_context=0.0, ffn=0.0,
                 head=0.0)
 
 
 def txl_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
     """Transformer-XL (and the memoryless Transformer, M = 0): N queries over K = M + N keys per layer."""
-    D, A, F_, L, N, M, mm = _widths(cfg)
-    seg = _components()
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
     K = M + N
     for _ in range(L):
         seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)  # q (current), k v (all keys), output
@@ -237,8 +238,8 @@ def txl_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int
 
 def lamemo_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
     """LaMemo: Transformer-XL's causal attention, plus the memory's look-ahead and its recomputed rows."""
-    D, A, F_, L, N, M, mm = _widths(cfg)
-    seg = _components()
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
     K, W = M + N, min(M, N)
     for layer in range(L):
         not_last = layer < L - 1
@@ -260,8 +261,8 @@ def lamemo_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], 
 
 def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
     """RMT: [read R | tokens N | write R] rows over the cache and themselves; the write rows' aux loss."""
-    D, A, F_, L, N, M, mm = _widths(cfg)
-    seg = _components()
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
     R = cfg.num_mem_tokens
     T = N + 2 * R  # [read R | tokens N | write R]
     K = M + T  # [cache M | read R | tokens N | write R]
@@ -277,32 +278,6 @@ def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int
         hit = [float(lo <= cfg.aux_token_id < hi) for lo, hi, _ in _clusters(cfg)]
         seg["head"] += R * _head_flops(cfg, hit, False)  # never with logits
     return seg, N
-
-
-def compressive_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
-    """Compressive Transformer: Transformer-XL over P = C + M cached rows, plus the compression of the N evicted
-    rows per layer (a [c D] x [D] matmul per slot; pooling counts nothing). The attention-reconstruction loss is
-    training-only and not counted, as the backward is not."""
-    D, A, F_, L, N, M, mm = _widths(cfg)
-    seg = _components()
-    K = cfg.compressed_len + M + N
-    for _ in range(L):
-        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)
-        seg["pos_proj"] += mm(K, D, A) / batch_size
-        seg["attn_content"] += mm(N, A, K)
-        seg["attn_position"] += mm(N, A, K)
-        seg["attn_context"] += mm(N, K, A)
-        seg["ffn"] += 2 * mm(N, D, F_)
-        if cfg.compression == "conv":
-            seg["compression"] = seg.get("compression", 0.0) + mm(N // cfg.compression_rate,
-                                                                  cfg.compression_rate * D, D)
-    return seg, N
-
-
-def compressive_params(cfg: ModelConfig) -> int:
-    """The compressor of every layer: a [D, D, c] convolution and its bias (pooling has none)."""
-    return cfg.n_layer * (cfg.d_model * cfg.d_model * cfg.compression_rate + cfg.d_model) \
-        if cfg.compression == "conv" else 0
 
 
 def lamemo_params(cfg: ModelConfig) -> int:

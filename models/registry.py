@@ -72,8 +72,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              "evicted rows compressed at rate c, trained by attention reconstruction",
              model="memlm.models.compressive:CompressiveTransformer",
              options=("compressed_len", "compression_rate", "compression", "compression_loss_weight"),
-             layer_flops="memlm.models.flops:compressive_layers", extra_params="memlm.models.flops:compressive_params",
-             decoder="memlm.models.decoders:CompressiveDecoder",
+             layer_flops="memlm.models.compressive:layer_flops", extra_params="memlm.models.compressive:extra_params",
+             decoder="memlm.models.compressive:CompressiveDecoder",
              test_settings=(("compressed_len", 4), ("compression_rate", 2))),
 )}
 
