@@ -36,6 +36,7 @@ from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.models import build_model  # noqa: E402
 from memlm.models.config import ModelConfig  # noqa: E402
 from memlm.models.flops import flops_per_token  # noqa: E402
+from memlm.models.registry import arch_spec  # noqa: E402
 
 # Dense tensor-core peaks (no sparsity), by device name, in FLOP/s: the vendors' datasheet figures (SXM parts;
 # the H100 PCIe is listed first because its name also contains "H100").
@@ -91,10 +92,11 @@ def zipf_tokens(vocab: int, shape: tuple[int, ...], gen: torch.Generator) -> tor
 def bench_arch(arch: str, args) -> dict:
     settings = {**WT103_BASE, "n_layer": args.n_layer, "tgt_len": args.tgt_len, "mem_len": args.mem_len}
     settings.update({k: getattr(args, k) for k in ("d_model", "n_head", "d_head", "d_inner") if getattr(args, k)})
-    if arch == "transformer":
+    spec = arch_spec(arch)
+    if spec.mem_len == "zero":  # the no-memory baseline
         settings["mem_len"] = 0
-    if arch == "rmt":
-        settings.update(mem_len=0, num_mem_tokens=RMT_MEM_TOKENS)
+    if spec.memory_tokens:  # RMT as preset paper/wt103/rmt_bptt3_mem10: memory tokens, no Transformer-XL cache
+        settings.update(mem_len=0, **{spec.memory_tokens: RMT_MEM_TOKENS})
     cfg = ModelConfig(arch=arch, attention=args.attention, head_loss=args.head_loss, **settings).validate()
     torch.manual_seed(0)
     model = build_model(cfg).to(args.device).train()

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from bench.common import RESULTS, ROOT, paired_ratio, write_result  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import ModelConfig, build_model  # noqa: E402
+from memlm.models import ModelConfig, arch_spec, build_model  # noqa: E402
 from memlm.models.flops import flops_per_token, param_count  # noqa: E402
 
 ARCHS = ("transformer", "txl", "lamemo", "rmt")
@@ -55,11 +55,13 @@ def cpu_info() -> dict:
 
 
 def model_config(arch: str, args) -> ModelConfig:
+    spec = arch_spec(arch)
     return ModelConfig(
         arch=arch, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model, d_head=args.d_head,
         d_inner=args.d_inner, vocab_size=args.vocab, tgt_len=args.tgt_len,
-        mem_len=0 if arch in ("transformer", "rmt") else args.mem_len, dropout=0.0,
-        num_mem_tokens=args.mem_tokens if arch == "rmt" else 0,
+        # The no-memory baseline has no cache; RMT runs on its memory tokens alone
+        mem_len=0 if spec.mem_len == "zero" or spec.memory_tokens else args.mem_len, dropout=0.0,
+        **({spec.memory_tokens: args.mem_tokens} if spec.memory_tokens else {}),
     ).validate()
 
 

@@ -41,13 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio, write_result  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.models.registry import arch_spec  # noqa: E402
 
 
 def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:
     base = {
         "model.arch": arch, "model.n_layer": 4, "model.n_head": 4, "model.d_head": 64, "model.d_model": 256,
         "model.d_inner": 1024, "model.vocab_size": 8192, "model.tgt_len": 64,
-        "model.mem_len": 64 if arch != "transformer" else 0, "model.dropout": 0.0, "model.dropatt": 0.0,
+        "model.mem_len": 0 if arch_spec(arch).mem_len == "zero" else 64, "model.dropout": 0.0, "model.dropatt": 0.0,
         "data.path": str(data), "data.batch_size": args.batch, "train.steps": steps, "train.warmup_steps": 0,
         "train.lr": 2.5e-4, "train.save_every": 0, "train.keep_last": 1, "train.eval_every": 0,
         "train.log_every": args.log_every, "tracking.enabled": False, "deepspeed.zero_stage": 0,
