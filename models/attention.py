@@ -222,9 +222,12 @@ class RelativeLayer(nn.Module):
         """What q/k/v are projected from: the normalised input under pre-LN, the input itself under post-LN."""
         return self.attn_norm(h) if self.pre_lnorm else h
 
-    def finish(self, h: Tensor, context: Tensor) -> Tensor:
-        """Residual + norm around the attention output, then the FFN. h [B, T, D], context [B, T, H, E]."""
+    def finish(self, h: Tensor, context: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Residual + norm around the attention output, then the FFN. h [B, T, D], context [B, T, H, E]; extra
+        [B, T, D]: another read added to the attention's output (the ∞-former's long-term memory)."""
         out = h + self.attn.output(context)
+        if extra is not None:
+            out = out + extra
         if not self.pre_lnorm:
             out = self.attn_norm(out)
         return self.ff(out)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .attention import RelativeLayer, causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
-from .flops import layer_dims, segment_components
+from .flops import layer_dims, txl_layers
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
 
@@ -186,20 +186,11 @@ def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
     """Compressive Transformer: Transformer-XL over P = C + M cached rows, plus the compression of the N evicted
     rows per layer (a [c D] x [D] matmul per slot; pooling counts nothing). The attention-reconstruction loss is
     training-only and not counted, as the backward is not."""
-    D, A, F_, L, N, M, mm = layer_dims(cfg)
-    seg = segment_components()
-    K = cfg.compressed_len + M + N
-    for _ in range(L):
-        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)
-        seg["pos_proj"] += mm(K, D, A) / batch_size
-        seg["attn_content"] += mm(N, A, K)
-        seg["attn_position"] += mm(N, A, K)
-        seg["attn_context"] += mm(N, K, A)
-        seg["ffn"] += 2 * mm(N, D, F_)
-        if cfg.compression == "conv":
-            seg["compression"] = seg.get("compression", 0.0) + mm(N // cfg.compression_rate,
-                                                                  cfg.compression_rate * D, D)
-    return seg, N
+    D, _, _, L, N, M, mm = layer_dims(cfg)
+    seg, rows = txl_layers(replace(cfg, mem_len=cfg.compressed_len + M), batch_size)
+    if cfg.compression == "conv":
+        seg["compression"] = L * mm(N // cfg.compression_rate, cfg.compression_rate * D, D)
+    return seg, rows
 
 
 def extra_params(cfg) -> int:
@@ -211,20 +202,5 @@ def extra_params(cfg) -> int:
 class CompressiveDecoder(TXLDecoder):
     """Compressive Transformer: Transformer-XL's decoder over P = C + M cached rows, [compressed | memory]."""
 
-    def begin(self, memory) -> None:
-        cfg, model = self.cfg, self.model
-        P, N = cfg.compressed_len + cfg.mem_len, cfg.tgt_len
-        key_valid = torch.cat([memory.compressed_valid, memory.valid], dim=1)  # [B, P]
-        B, device = key_valid.shape[0], key_valid.device
-        dtype = next(model.parameters()).dtype
-        self.t = 0
-        self._buffers(B, P, device, dtype)
-        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, P + N]
-        self.index = causal_index(N, P, device)  # [N, P + N]
-        r = relative_encodings(torch.arange(P + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
-        self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
-        self.bias = self._biases()
-        for l, layer in enumerate(model.layers):
-            cached = torch.cat([memory.compressed[l], memory.hidden[l]], dim=1).to(dtype)  # [B, P, D]
-            _, k, v = layer.attn.project(layer.attn_input(cached), n_query=0)
-            self.keys[l][:, :P], self.values[l][:, :P] = k, v
+    def cached_rows(self, memory, l: int) -> Tensor:
+        return torch.cat([memory.compressed[l], memory.hidden[l]], dim=1)  # [B, C + M, D]

@@ -101,6 +101,18 @@ class ModelConfig:
     compression_rate: int = 3
     compression: str = "conv"
     compression_loss_weight: float = 1.0
+    # ∞-former (Martins et al., 2022): the long-term memory's Gaussian basis functions per layer (J), the widths
+    # they come in (J / len(widths) centres evenly on [0, 1] per width), the samples S of the old signal each
+    # update reads, the fraction tau of [0, 1] the old signal is contracted into, the ridge penalty, and sticky
+    # memories (sample the old signal where the last segment's attention went, over ltm_sticky_bins bins).
+    # Defaults: the authors' Transformer-XL code (its sorting experiments); models/infinite_former.py.
+    ltm_basis: int = 0
+    ltm_widths: list[float] = field(default_factory=lambda: [0.01, 0.05])
+    ltm_samples: int = 512
+    ltm_tau: float = 0.75
+    ltm_ridge: float = 1.0
+    ltm_sticky: bool = False
+    ltm_sticky_bins: int = 128
 
     def bptt_choice(self, name: str) -> str:
         """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""
@@ -165,6 +177,8 @@ class ModelConfig:
                                       "remove it")
         if self.arch == "compressive":
             self._validate_compression()
+        if self.arch == "infinite_former":
+            self._validate_long_term_memory()
         if self.rpe not in RPE_KINDS:
             raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
         if self.interp_eps < 0:
@@ -206,6 +220,23 @@ class ModelConfig:
                               f"{', '.join(COMPRESSIONS)}")
         if self.compression_loss_weight < 0:
             raise ConfigError(f"model.compression_loss_weight must be >= 0, got {self.compression_loss_weight}")
+
+    def _validate_long_term_memory(self) -> None:
+        widths = list(self.ltm_widths)
+        if not widths or any(not w > 0 for w in widths):
+            raise ConfigError(f"model.ltm_widths must be a non-empty list of positive widths, got {widths}")
+        if self.ltm_basis < 1 or self.ltm_basis % len(widths):
+            raise ConfigError(f"model.ltm_basis must be >= 1 and a multiple of len(model.ltm_widths)={len(widths)} "
+                              f"for arch 'infinite_former' (LaMemo's Table 1 uses 150), got {self.ltm_basis}")
+        if self.ltm_samples < 1:
+            raise ConfigError(f"model.ltm_samples must be >= 1, got {self.ltm_samples}")
+        if not 0 < self.ltm_tau < 1:
+            raise ConfigError(f"model.ltm_tau must be in (0, 1) (the part of [0, 1] the old signal is contracted "
+                              f"into), got {self.ltm_tau}")
+        if not self.ltm_ridge > 0:
+            raise ConfigError(f"model.ltm_ridge must be > 0 (the ridge penalty), got {self.ltm_ridge}")
+        if self.ltm_sticky_bins < 1:
+            raise ConfigError(f"model.ltm_sticky_bins must be >= 1, got {self.ltm_sticky_bins}")
 
     @classmethod
     def field_names(cls) -> list[str]:

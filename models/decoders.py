@@ -73,32 +73,42 @@ class SegmentDecoder:
             u, bias_v = self.bias[l]
             context, _ = attend(q, self.keys[l][:, :n_keys], self.values[l][:, :n_keys], self.r_k[l], index, allowed,
                                 u, bias_v, layer.attn.dropatt, need_lognorm=False)
-            h = layer.finish(h, context)
+            h = layer.finish(h, context, extra=self.layer_extra(l, q))
         return h
+
+    def layer_extra(self, l: int, q: Tensor) -> Tensor | None:
+        """What an arch adds to layer l's attention output for the queries q [B, Q, H, E] (RelativeLayer.finish's
+        extra): nothing here; the ∞-former's long-term memory."""
+        return None
 
     def _logp(self, h: Tensor) -> Tensor:
         return self.model.predict(h, None, True)[1]
 
 
 class TXLDecoder(SegmentDecoder):
-    """Transformer-XL and the no-memory baseline (M = 0): memory keys come from the cached layer inputs."""
+    """Transformer-XL and the no-memory baseline (M = 0): memory keys come from the cached layer inputs. An arch
+    whose cache holds more rows before them (the Compressive Transformer's slots) names them in `cached_rows`."""
+
+    def cached_rows(self, memory, l: int) -> Tensor:
+        """Layer l's P cached rows [B, P, D] in key order (memory.key_valid's)."""
+        return memory.hidden[l]
 
     def begin(self, memory) -> None:
         cfg, model = self.cfg, self.model
-        M, N = cfg.mem_len, cfg.tgt_len
-        B, device = memory.valid.shape[0], memory.valid.device
+        key_valid = memory.key_valid  # [B, P]
+        (B, P), N, device = key_valid.shape, cfg.tgt_len, key_valid.device
         dtype = next(model.parameters()).dtype
         self.t = 0
-        self._buffers(B, M, device, dtype)
-        self.allowed = causal_allowed(N, M, memory.valid, cfg.same_length)  # [B, N, M + N]
-        self.index = causal_index(N, M, device)  # [N, M + N]
-        r = relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
+        self._buffers(B, P, device, dtype)
+        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, P + N]
+        self.index = causal_index(N, P, device)  # [N, P + N]
+        r = relative_encodings(torch.arange(P + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
         self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
         self.bias = self._biases()
-        if M:
+        if P:
             for l, layer in enumerate(model.layers):
-                _, k, v = layer.attn.project(layer.attn_input(memory.hidden[l].to(dtype)), n_query=0)
-                self.keys[l][:, :M], self.values[l][:, :M] = k, v
+                _, k, v = layer.attn.project(layer.attn_input(self.cached_rows(memory, l).to(dtype)), n_query=0)
+                self.keys[l][:, :P], self.values[l][:, :P] = k, v
 
     def extend(self, tokens: Tensor) -> Tensor:
         Q = tokens.shape[1]

@@ -49,16 +49,21 @@ from .config import ModelConfig
 from .registry import arch_spec
 
 # LaMemo paper, Table 1: "#Params" and "#FLOPS" per model (the Compressive Transformer's as LaMemo reports it)
-PAPER_WT103_PARAMS = {"transformer": 151e6, "txl": 151e6, "lamemo": 151e6, "compressive": 161e6}
-PAPER_WT103_FLOPS = {"transformer": 148e6, "txl": 157e6, "lamemo": 191e6, "compressive": 169e6}
+PAPER_WT103_PARAMS = {"transformer": 151e6, "txl": 151e6, "lamemo": 151e6, "compressive": 161e6,
+                      "infinite_former": 160e6}
+PAPER_WT103_FLOPS = {"transformer": 148e6, "txl": 157e6, "lamemo": 191e6, "compressive": 169e6,
+                     "infinite_former": 235e6}
+# Each arch's own keys at that size (its configs/paper/wt103 preset)
+PAPER_WT103_OPTIONS = {"compressive": dict(compressed_len=150, compression_rate=3),
+                       "infinite_former": dict(ltm_basis=150, ltm_sticky=True)}
 
 
 def paper_wt103_config(arch: str) -> ModelConfig:
     """The LaMemo paper's WikiText-103 base model (Transformer-XL base): 16 layers, 10 heads x 41, d_model 410,
     d_inner 2100, adaptive input/softmax with cutoffs 20k/40k/200k, div_val 1, tied weights, N = M = 150
-    (M = 0 for the Transformer+RPE baseline); the Compressive Transformer with 150 compressed slots at rate 3
-    (configs/paper/wt103/compressive.yaml)."""
-    extra = dict(compressed_len=150, compression_rate=3) if arch == "compressive" else {}
+    (M = 0 for the Transformer+RPE baseline); the Compressive Transformer with 150 compressed slots at rate 3,
+    the ∞-former with 150 basis functions and sticky memories (configs/paper/wt103/)."""
+    extra = PAPER_WT103_OPTIONS.get(arch, {})
     return ModelConfig(
         arch=arch, n_layer=16, n_head=10, d_model=410, d_head=41, d_inner=2100, vocab_size=267735,
         cutoffs=[20000, 40000, 200000], div_val=1, tie_weight=True, tgt_len=150,
@@ -291,7 +296,7 @@ def rmt_params(cfg: ModelConfig) -> int:
 
 
 if __name__ == "__main__":  # python -m memlm.models.flops: the WikiText-103 table
-    for arch in ("transformer", "txl", "lamemo", "compressive"):
+    for arch in PAPER_WT103_PARAMS:
         cfg = paper_wt103_config(arch)
         f, full = flops_per_token(cfg), flops_per_token(cfg, full_softmax=True)
         print(f"{arch:12s} params {param_count(cfg):,}  FLOPs/token {f['total'] / 1e6:6.1f}M "

@@ -75,6 +75,15 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              layer_flops="memlm.models.compressive:layer_flops", extra_params="memlm.models.compressive:extra_params",
              decoder="memlm.models.compressive:CompressiveDecoder",
              test_settings=(("compressed_len", 4), ("compression_rate", 2))),
+    ArchSpec("infinite_former", "∞-former (Martins et al., 2022): Transformer-XL's memory plus an unbounded "
+             "long-term memory, a continuous signal over J basis functions read by continuous attention",
+             model="memlm.models.infinite_former:InfiniteFormer",
+             options=("ltm_basis", "ltm_widths", "ltm_samples", "ltm_tau", "ltm_ridge", "ltm_sticky",
+                      "ltm_sticky_bins"),
+             layer_flops="memlm.models.infinite_former:layer_flops",
+             extra_params="memlm.models.infinite_former:extra_params",
+             decoder="memlm.models.infinite_former:InfiniteFormerDecoder",
+             test_settings=(("ltm_basis", 6), ("ltm_samples", 5))),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

@@ -25,6 +25,9 @@ VARIANTS = {
     "compressive": dict(arch="compressive", compressed_len=4, compression_rate=2),
     "compressive-short-mem-pool": dict(arch="compressive", mem_len=3, compressed_len=6, compression_rate=4,
                                        compression="max"),
+    "infinite_former": dict(arch="infinite_former", ltm_basis=6, ltm_samples=5),
+    "infinite_former-sticky-short-mem": dict(arch="infinite_former", mem_len=2, ltm_basis=4, ltm_samples=3,
+                                             ltm_sticky=True, ltm_sticky_bins=6),
 }
 
 

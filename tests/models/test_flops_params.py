@@ -20,7 +20,8 @@ from memlm.models.flops import (
 )
 from support.models import tiny_model_config
 
-ARCH_MODULE = {"transformer": "txl", "txl": "txl", "lamemo": "lamemo", "rmt": "rmt", "compressive": "compressive"}
+ARCH_MODULE = {"transformer": "txl", "txl": "txl", "lamemo": "lamemo", "rmt": "rmt", "compressive": "compressive",
+               "infinite_former": "infinite_former"}
 
 
 def need(arch):
@@ -37,6 +38,8 @@ def tiny(arch, **kw):
         base["num_mem_tokens"] = 2
     if arch == "compressive":
         base.update(compressed_len=4, compression_rate=3)
+    if arch == "infinite_former":
+        base.update(ltm_basis=6, ltm_samples=5)
     return tiny_model_config(**{**base, **kw})
 
 VARIANTS = {
@@ -52,6 +55,7 @@ ARCH_VARIANTS = {
     "lamemo": {"rpe-xl": dict(rpe="xl"), "no-lookahead": dict(lookahead=False, untie_r=True)},
     "rmt": {"cache-aux": dict(mem_len=4, num_mem_tokens=3, aux_loss_weight=0.5, bptt_depth=2)},
     "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2)},
+    "infinite_former": {"three-widths": dict(ltm_basis=9, ltm_widths=[0.01, 0.05, 0.1])},
 }
 
 
@@ -115,6 +119,9 @@ def flop_cases():
     yield pytest.param("compressive", dict(mem_len=2, compressed_len=9, compression_rate=2, pre_lnorm=True),
                        id="compressive-M<N")
     yield pytest.param("compressive", dict(mem_len=6, compression="max"), id="compressive-max-pool")
+    yield pytest.param("infinite_former", dict(mem_len=6), id="infinite_former")
+    yield pytest.param("infinite_former", dict(mem_len=2, ltm_sticky=True, pre_lnorm=True),
+                       id="infinite_former-M<N-sticky")
 
 
 @pytest.mark.parametrize("arch,kw", list(flop_cases()))
@@ -183,11 +190,12 @@ def test_zipf_fractions():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The LaMemo paper's WikiText-103 base models (Table 1: 151M parameters each, the Compressive Transformer 161M;
-# "#FLOPS" 148M / 157M / 191M / 169M).
+# The LaMemo paper's WikiText-103 base models (Table 1: 151M parameters each, the Compressive Transformer 161M,
+# the ∞-former 160M; "#FLOPS" 148M / 157M / 191M / 169M / 235M). The ∞-former's 235M is not reproduced: this
+# count gives 175.2M (bench/README.md says why that gap stays open).
 
 
-@pytest.mark.parametrize("arch", ["transformer", "txl", "lamemo", "compressive"])
+@pytest.mark.parametrize("arch", ["transformer", "txl", "lamemo", "compressive", "infinite_former"])
 def test_wt103_base_configs(arch):
     need(arch)
     cfg = paper_wt103_config(arch)
@@ -204,7 +212,8 @@ def test_wt103_base_configs(arch):
         f"{full['macs'] / 1e6:.1f}M MACs | paper #FLOPS {PAPER_WT103_FLOPS[arch] / 1e6:.0f}M"
     )
     assert analytic == real
-    # 2%: the compressive model comes out 1.1% low (159.2M; LaMemo does not state its compression rate)
+    # 2%: the compressive model comes out 1.1% low (159.2M; LaMemo does not state its compression rate), the
+    # ∞-former 0.5% low (159.2M)
     assert abs(real - PAPER_WT103_PARAMS[arch]) / PAPER_WT103_PARAMS[arch] < 0.02
 
 

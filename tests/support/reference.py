@@ -95,10 +95,13 @@ class Weights:
         """[XL] 405-420: (q + u).k + (q + v).W_R R(d), scaled by 1/sqrt(E); [H]."""
         return (((q + u) * k).sum(-1) + ((q + v_bias) * self.pos(l, d)).sum(-1)) / math.sqrt(self.E)
 
-    def finish(self, l: int, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual and LayerNorm around the attention, then the FFN: x [D], context [H, E]."""
+    def finish(self, l: int, x: torch.Tensor, context: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Output projection, residual and LayerNorm around the attention, then the FFN: x [D], context [H, E];
+        extra [D] is added to the attention's output (the ∞-former's long-term read)."""
         layer = self.layers[l]
         out = x + layer.attn.o_net.weight.detach().double() @ context.reshape(-1)
+        if extra is not None:
+            out = out + extra
         if not layer.pre_lnorm:
             out = self._ln(layer.attn_norm, out)
         lin1, lin2 = layer.ff.net[0], layer.ff.net[3]
@@ -489,4 +492,105 @@ def compressive_reference(model, tokens: list[int], targets: list[int], seg_len:
             slots[l] += made
             h = new_h
         results.append(CompressiveSegment(nll=[W.nll(h[i], targets[i]) for i in cur], reconstruction=error))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ∞-former (Martins et al., 2022; not among ../shared/papers: the rules below are the paper's sections 3.1-3.4 as
+# models/infinite_former.py's docstring states them, with the authors' basis and padding)
+
+
+def normal_pdf(x: float, mean: float, var: float) -> float:
+    return math.exp(-((x - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
+
+
+def normal_cdf(x: float, mean: float, var: float) -> float:
+    return 0.5 * (1 + math.erf((x - mean) / math.sqrt(2 * var)))
+
+
+def infinite_former_reference(model, tokens: list[int], targets: list[int], seg_len: int,
+                              doc_starts) -> list[list[float]]:
+    """Per segment s of one lane, the per-token NLL. Every layer attends over the short-term memory (Transformer-XL:
+    positions [s - M, s) and the causal past, of the current document) and adds its long-term read: per head,
+    the density N(mu, sigma^2) from the query's scores against the keys of the J coefficients, and the values
+    weighted by the integral of N(t; mu, sigma^2) psi_j(t) (the product of two Gaussians integrates to a Gaussian
+    in their means with the variances summed). After the segment, per layer: the old signal at the S sample
+    points (i / S, or the (i - 1/2) / S quantiles of the segment's attention histogram), the evicted positions
+    [s - M, s - M + N) (zero when not of the document), their positions on t, the padding points at zero, and the
+    ridge regression's normal equations summed point by point. A document start empties the signal."""
+    W, cfg = Weights(model), model.cfg
+    N, M, L, D, J, S = seg_len, cfg.mem_len, cfg.n_layer, cfg.d_model, cfg.ltm_basis, cfg.ltm_samples
+    tau, G = cfg.ltm_tau, cfg.ltm_sticky_bins
+    n_centres = J // len(cfg.ltm_widths)
+    basis = [(c / (n_centres - 1) if n_centres > 1 else 0.0, w) for c in range(n_centres) for w in cfg.ltm_widths]
+
+    def psi(t: float) -> torch.Tensor:
+        return torch.tensor([normal_pdf(t, c, w * w) for c, w in basis], dtype=torch.float64)
+
+    layer_in: list[dict[int, torch.Tensor]] = [{} for _ in range(L)]
+    signal = [torch.zeros(J, D, dtype=torch.float64) for _ in range(L)]
+    results = []
+    for s in range(0, len(tokens), N):
+        cur = range(s, s + N)
+        doc = doc_start_of(s, doc_starts)
+        if s == doc:
+            signal = [torch.zeros(J, D, dtype=torch.float64) for _ in range(L)]
+        h = {i: W.embed(tokens[i]) for i in cur}
+        for l in range(L):
+            lt = model.long_term[l]
+            wk, wv, wo = (x.weight.detach().double() for x in (lt.key, lt.value, lt.out))
+            w_mu, w_sigma = lt.mu.weight.detach().double()[0], lt.sigma.weight.detach().double()[0]
+            keys = [(wk @ signal[l][j]).view(W.H, W.E) for j in range(J)]
+            values = [(wv @ signal[l][j]).view(W.H, W.E) for j in range(J)]
+            for i in cur:
+                layer_in[l][i] = h[i]
+            u, v = W.bias("bias_u", l), W.bias("bias_v", l)
+            new_h, densities = {}, []
+            for i in cur:
+                q = W.qkv(l, h[i])[0]
+                scores, vals = [], []
+                for j in range(max(doc, s - M), i + 1):
+                    _, k, val = W.qkv(l, layer_in[l][j])
+                    scores.append(W.score(l, q, k, u, v, clamped(i - j, cfg.clamp_len)))
+                    vals.append(val)
+                ctx, _ = softmax_over(scores, vals)
+                read = torch.zeros(W.H, W.E, dtype=torch.float64)
+                for hd in range(W.H):
+                    z = [float(q[hd] @ keys[j][hd]) / math.sqrt(W.E) for j in range(J)]
+                    mu = 1 / (1 + math.exp(-sum(w_mu[j] * z[j] for j in range(J))))
+                    sigma_sq = max(math.log1p(math.exp(sum(w_sigma[j] * z[j] for j in range(J)))), 1e-6)
+                    densities.append((mu, sigma_sq))
+                    for j, (c, w) in enumerate(basis):
+                        read[hd] += normal_pdf(mu, c, sigma_sq + w * w) * values[j][hd]
+                new_h[i] = W.finish(l, h[i], ctx, extra=wo @ read.reshape(-1))
+            # the update
+            if cfg.ltm_sticky:
+                mass = [sum(normal_cdf((g + 1) / G, mu, var) - normal_cdf(g / G, mu, var) for mu, var in densities)
+                        for g in range(G)]
+                total = sum(mass)
+                at, cumulative = [], [sum(mass[: g + 1]) / total for g in range(G)]
+                for k in range(1, S + 1):
+                    quantile = (k - 0.5) / S
+                    g = next((g for g in range(G) if cumulative[g] >= quantile), G - 1)
+                    below = cumulative[g] - mass[g] / total
+                    at.append((g + min(max((quantile - below) / (mass[g] / total), 0.0), 1.0)) / G)
+            else:
+                at = [k / S for k in range(1, S + 1)]
+            points = [(tau * k / S, psi(a) @ signal[l]) for k, a in enumerate(at, start=1)]
+            for n, p in enumerate(range(s - M, s - M + N), start=1):
+                row = layer_in[l][p] if p >= doc and p >= 0 else torch.zeros(D, dtype=torch.float64)
+                points.append((tau + (1 - tau) * n / N, row))
+            n_pad = math.ceil(len(points) / 2)
+            for k in range(1, n_pad + 1):
+                for t in (-0.5 * (k - 0.5) / n_pad, 1 + 0.5 * (k - 0.5) / n_pad):
+                    points.append((t, torch.zeros(D, dtype=torch.float64)))
+            lhs = cfg.ltm_ridge * torch.eye(J, dtype=torch.float64)
+            rhs = torch.zeros(J, D, dtype=torch.float64)
+            for t, y in points:
+                f = psi(t)
+                lhs += torch.outer(f, f)
+                rhs += torch.outer(f, y)
+            signal[l] = torch.linalg.solve(lhs, rhs)
+            h = new_h
+        results.append([W.nll(h[i], targets[i]) for i in cur])
     return results
