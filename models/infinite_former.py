@@ -151,7 +151,8 @@ class LongTermAttention(nn.Module):
 
 def sticky_samples(mu: Tensor, sigma_sq: Tensor, n_samples: int, n_bins: int) -> Tensor:
     """Where to sample the old signal, from the attention densities N(mu, sigma^2) [B, H, Q] of the segment: the
-    (i - 1/2) / S quantiles (i = 1..S) of the histogram of their mass over n_bins equal bins of [0, 1]. -> [B, S] in [0, 1]."""
+    (i - 1/2) / S quantiles (i = 1..S) of the histogram of their mass over n_bins equal bins of [0, 1].
+    -> [B, S] in [0, 1]."""
     B = mu.shape[0]
     mu, sigma = mu.detach().double().reshape(B, -1, 1), sigma_sq.detach().double().sqrt().reshape(B, -1, 1)
     edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=mu.device)

@@ -25,7 +25,8 @@ def run_segments(model, tokens, targets, n_segments):
     memory, nll = model.init_memory(B), []
     with torch.no_grad():
         for k in range(n_segments):
-            out = model(tokens[:, k * N : (k + 1) * N], memory, reset=RESETS[k], targets=targets[:, k * N : (k + 1) * N])
+            seg = slice(k * N, (k + 1) * N)
+            out = model(tokens[:, seg], memory, reset=RESETS[k], targets=targets[:, seg])
             memory = out.memory
             nll.append(out.nll)
     return torch.cat(nll, dim=1), memory
