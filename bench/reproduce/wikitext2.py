@@ -65,35 +65,41 @@ VARIANTS = {
     "rmt": ("RMT", ["model.arch=rmt", "model.mem_len=0"]),  # + the profile's "rmt" keys
     "txl_rmt": ("Transformer-XL + RMT", ["model.arch=rmt"]),
     "compressive": ("Compressive Transformer", ["model.arch=compressive"]),  # + the profile's "compressive" keys
+    "infinite_former": ("∞-former", ["model.arch=infinite_former"]),  # + the profile's "infinite_former" keys
 }
 # The queue runs the papers' main comparison first (every seed), then the ablations and RMT.
-QUEUE_ORDER = (("transformer", "txl", "lamemo", "compressive"),
+QUEUE_ORDER = (("transformer", "txl", "lamemo", "compressive", "infinite_former"),
                ("lamemo_no_lookahead", "lamemo_no_interp", "rmt", "txl_rmt"))
 PROFILES = {
     # 2,000 steps x 512 tokens = 1.02M tokens per run (about half an epoch); about 70 min for all 16 runs on 2 cores.
     # Each arch's own keys: RMT's memory tokens and BPTT; the Compressive Transformer's compressed memory as large as
-    # the memory (LaMemo's Table 1: 150 and 150), at the largest rate up to Rae et al.'s 3 that divides N.
+    # the memory (LaMemo's Table 1: 150 and 150), at the largest rate up to Rae et al.'s 3 that divides N; the
+    # ∞-former's basis as large as the memory too (Table 1: 150 and 150), with sticky memories.
     "cpu": {"steps": 2000, "seeds": [1, 2], "overrides": ["train.log_every=100"],
             "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
-            "compressive": ["model.compressed_len=64", "model.compression_rate=2"]},
+            "compressive": ["model.compressed_len=64", "model.compression_rate=2"],
+            "infinite_former": ["model.ltm_basis=64", "model.ltm_sticky=true"]},
     # Longer training for the comparison whose gap is small at 2,000 steps (Transformer-XL against LaMemo).
     "cpu_long": {"steps": 4000, "seeds": [1], "overrides": ["train.log_every=100"],
                  "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
-                 "compressive": ["model.compressed_len=64", "model.compression_rate=2"]},
+                 "compressive": ["model.compressed_len=64", "model.compression_rate=2"],
+                 "infinite_former": ["model.ltm_basis=64", "model.ltm_sticky=true"]},
     # The WikiText-103 base shape (16 layers, d 410, 10 x 41 heads, N = M = 150) trained on WikiText-2.
     "gpu": {"steps": 8000, "seeds": [1, 2], "overrides": [
         "model.n_layer=16", "model.n_head=10", "model.d_head=41", "model.d_model=410", "model.d_inner=2100",
         "model.tgt_len=150", "model.mem_len=150", "data.batch_size=32", "train.lr=2.5e-4", "train.warmup_steps=0",
         "deepspeed.precision=bf16", "train.log_every=200"],
         "rmt": ["model.num_mem_tokens=10", "model.bptt_depth=2"],
-        "compressive": ["model.compressed_len=150", "model.compression_rate=3"]},
+        "compressive": ["model.compressed_len=150", "model.compression_rate=3"],
+        "infinite_former": ["model.ltm_basis=150", "model.ltm_sticky=true"]},
     # CI: a few hundred lines of each split, a width-32 model, 3 steps; proves the pipeline, never the quality.
     "smoke": {"steps": 3, "seeds": [1], "overrides": [
         "model.n_layer=2", "model.n_head=2", "model.d_head=16", "model.d_model=32", "model.d_inner=64",
         "model.tgt_len=8", "model.mem_len=8", "model.cutoffs=[100,500]", "data.batch_size=2",
         "train.warmup_steps=1", "train.log_every=1"],
         "rmt": ["model.num_mem_tokens=2", "model.bptt_depth=1"],
-        "compressive": ["model.compressed_len=4", "model.compression_rate=2"]},
+        "compressive": ["model.compressed_len=4", "model.compression_rate=2"],
+        "infinite_former": ["model.ltm_basis=4", "model.ltm_samples=8", "model.ltm_sticky=true"]},
 }
 SMOKE_LINES = 40  # lines of each WikiText-2 split in the smoke corpus (a document or two)
 
