@@ -1,10 +1,11 @@
 """The README drives this test: every command of every ```bash block and every ```python block, top to bottom, as
 a user types them, in a scratch copy of the repository, in one shell.
 
-Only what a CI machine cannot do as written is changed, each change listed here:
+Only what a CI machine cannot do as written, or what another test already runs as written, is changed, each change
+listed here:
 - SKIPPED commands do not run (each with its reason: the command running this test, a cluster, hours of training,
-  a server that runs until Ctrl-C); a SKIPPED entry that matches no README command fails the test, so the list
-  cannot go stale;
+  a server that runs until Ctrl-C, the tiny sweep that tests/cluster/test_sweep.py runs as written); a SKIPPED
+  entry that matches no README command fails the test, so the list cannot go stale;
 - SUBSTITUTIONS replace text in the commands: `../shared/data/wikitext-2` becomes a small WikiText-format folder
   written here, whose word vocabulary is exactly WikiText-2's 33,278 ids, so `model.vocab_size=33278` stands as
   written (the real test split takes a tiny model over a minute to evaluate on 2 cores); the extrapolation's
@@ -21,8 +22,9 @@ noise on the console (NOISE), and where what a user reads differs from what the 
 snippet's output, the tables `memlm compare` prints (the test ppl that `memlm eval` just logged, the evaluation at
 4x memory in its own column, run names that tell runs apart) and `memlm analyze`'s lines in the README's form.
 Cost, measured on a shared 2-core machine at load average 6: about 9 1/2 minutes, of which the quick start and
-"Training and evaluation" (all this test ran before) 5 1/2; the 2-rank launches and the sweep take about 2 minutes
-each, the demo and the first training about 1 minute each, the 17 other commands 2 minutes together.
+"Training and evaluation" (all this test ran before) 5 1/2; the 2-rank launches take about 2 minutes (the sweep,
+now skipped, took as long), the demo and the first training about 1 minute each, the 17 other commands 2 minutes
+together.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[2]
 WIKITEXT_VOCAB = 33_278  # WikiText-2's word vocabulary, as the README's model.vocab_size says
 SKIPPED = {
     "bash scripts/test.sh": "the command running this test",
+    "memlm sweep sweeps/tiny_grid": "tests/cluster/test_sweep.py runs this sweep file through the same command "
+                                    "(test_grid_sweep_with_a_killed_trial) and this command's own local Ray, "
+                                    "--num-cpus 2 (test_interrupted_sweep_resumes_without_redoing_finished_trials)",
     "memlm sweep sweeps/lamemo_table5": "WikiText-103 and a GPU per trial",
     "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
     "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
