@@ -113,6 +113,12 @@ class ModelConfig:
     ltm_ridge: float = 1.0
     ltm_sticky: bool = False
     ltm_sticky_bins: int = 128
+    # ARMT (Rodkin et al., 2024): the associative memory's key width before the DPFP feature map (d_mem; 0 = off).
+    # Its memory tokens and BPTT are RMT's keys above (num_mem_tokens, bptt_depth, bptt_mode, bptt_replay_loss).
+    assoc_dim: int = 0
+    # The value projection W_v's initial std; 0 = zeros, the authors' (they start from a pretrained backbone, which
+    # a zero W_v leaves unchanged until it learns)
+    assoc_value_init_std: float = 0.0
 
     def bptt_choice(self, name: str) -> str:
         """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""
@@ -173,7 +179,8 @@ class ModelConfig:
             foreign = [name for name in other.options if name not in spec.options]
             for name in foreign:
                 if getattr(self, name) != getattr(defaults, name):
-                    raise ConfigError(f"model.{name} only applies to arch {other.name!r} (arch is {self.arch!r}); "
+                    owners = " or ".join(repr(a.name) for a in ARCHITECTURES.values() if name in a.options)
+                    raise ConfigError(f"model.{name} only applies to arch {owners} (arch is {self.arch!r}); "
                                       "remove it")
         if self.arch == "compressive":
             self._validate_compression()
@@ -183,22 +190,29 @@ class ModelConfig:
             raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
         if self.interp_eps < 0:
             raise ConfigError(f"model.interp_eps must be >= 0, got {self.interp_eps}")
-        if self.arch == "rmt":
+        if spec.recurrence == "memory_bptt":  # memory tokens, trained by BPTT through the memory (RMT, ARMT)
             if self.num_mem_tokens < 1:
-                raise ConfigError("model.num_mem_tokens must be >= 1 for arch 'rmt' (the paper uses 1-25)")
+                raise ConfigError(f"model.num_mem_tokens must be >= 1 for arch {self.arch!r} (the RMT paper uses "
+                                  "1-25, the ARMT paper 10)")
             if self.bptt_depth < 0:
                 raise ConfigError(f"model.bptt_depth must be >= 0, got {self.bptt_depth}")
-            if self.aux_loss_weight < 0:
-                raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
-            if not 0 <= self.aux_token_id < self.vocab_size:
-                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), "
-                                  f"got {self.aux_token_id}")
             if self.bptt_mode not in BPTT_MODES:
                 raise ConfigError(f"model.bptt_mode: unknown value {self.bptt_mode!r}; valid: {', '.join(BPTT_MODES)} "
                                   "(window replays the last bptt_depth segments as the RMT paper trains; chunk is "
                                   "truncated BPTT over bptt_depth + 1 new segments)")
             if self.bptt_replay_loss and self.bptt_mode != "window":
                 raise ConfigError("model.bptt_replay_loss only applies to model.bptt_mode=window; remove it")
+        if self.arch == "armt" and self.assoc_dim < 1:
+            raise ConfigError("model.assoc_dim must be >= 1 for arch 'armt' (the associative keys' width before "
+                              "the DPFP feature map; the ARMT paper uses 64)")
+        if self.assoc_value_init_std < 0:
+            raise ConfigError(f"model.assoc_value_init_std must be >= 0, got {self.assoc_value_init_std}")
+        if self.arch == "rmt":
+            if self.aux_loss_weight < 0:
+                raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
+            if not 0 <= self.aux_token_id < self.vocab_size:
+                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), "
+                                  f"got {self.aux_token_id}")
             if self.bptt_recipe not in BPTT_RECIPES:
                 raise ConfigError(f"model.bptt_recipe: unknown value {self.bptt_recipe!r}; valid: "
                                   f"{', '.join(BPTT_RECIPES)}")

@@ -68,12 +68,17 @@ class SegmentDecoder:
         allowed, index = allowed[:, rows, :n_keys], index[rows, :n_keys]
         at = slice(self.prefix + self.t, n_keys)
         for l, layer in enumerate(self.model.layers):
+            h = self.layer_input(l, h)
             q, k, v = layer.attn.project(layer.attn_input(h))
             self.keys[l][:, at], self.values[l][:, at] = k, v
             u, bias_v = self.bias[l]
             context, _ = attend(q, self.keys[l][:, :n_keys], self.values[l][:, :n_keys], self.r_k[l], index, allowed,
                                 u, bias_v, layer.attn.dropatt, need_lognorm=False)
             h = layer.finish(h, context, extra=self.layer_extra(l, q))
+        return h
+
+    def layer_input(self, l: int, h: Tensor) -> Tensor:
+        """Layer l's input from the rows h [B, Q, D] before it: h here; ARMT adds its associative read."""
         return h
 
     def layer_extra(self, l: int, q: Tensor) -> Tensor | None:

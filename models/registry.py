@@ -84,6 +84,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              extra_params="memlm.models.infinite_former:extra_params",
              decoder="memlm.models.infinite_former:InfiniteFormerDecoder",
              test_settings=(("ltm_basis", 6), ("ltm_samples", 5))),
+    ArchSpec("armt", "Associative RMT (Rodkin et al., 2024): memory tokens write by the delta rule into an "
+             "associative matrix per layer that every row of later segments reads",
+             model="memlm.models.armt:AssociativeRMT", mem_len="zero",
+             options=("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "assoc_dim",
+                      "assoc_value_init_std"),
+             layer_flops="memlm.models.armt:layer_flops", extra_params="memlm.models.armt:extra_params",
+             memory_tokens="num_mem_tokens", recurrence="memory_bptt", decoder="memlm.models.armt:ARMTDecoder",
+             test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4))),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

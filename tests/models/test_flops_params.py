@@ -21,7 +21,7 @@ from memlm.models.flops import (
 from support.models import tiny_model_config
 
 ARCH_MODULE = {"transformer": "txl", "txl": "txl", "lamemo": "lamemo", "rmt": "rmt", "compressive": "compressive",
-               "infinite_former": "infinite_former"}
+               "infinite_former": "infinite_former", "armt": "armt"}
 
 
 def need(arch):
@@ -33,13 +33,16 @@ def need(arch):
 
 
 def tiny(arch, **kw):
-    base = dict(arch=arch, d_model=24, d_head=8, d_inner=40, tgt_len=6, mem_len=0 if arch == "transformer" else 5)
+    base = dict(arch=arch, d_model=24, d_head=8, d_inner=40, tgt_len=6,
+                mem_len=0 if arch in ("transformer", "armt") else 5)
     if arch == "rmt":
         base["num_mem_tokens"] = 2
     if arch == "compressive":
         base.update(compressed_len=4, compression_rate=3)
     if arch == "infinite_former":
         base.update(ltm_basis=6, ltm_samples=5)
+    if arch == "armt":
+        base.update(num_mem_tokens=2, assoc_dim=3)
     return tiny_model_config(**{**base, **kw})
 
 VARIANTS = {
@@ -56,6 +59,7 @@ ARCH_VARIANTS = {
     "rmt": {"cache-aux": dict(mem_len=4, num_mem_tokens=3, aux_loss_weight=0.5, bptt_depth=2)},
     "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2)},
     "infinite_former": {"three-widths": dict(ltm_basis=9, ltm_widths=[0.01, 0.05, 0.1])},
+    "armt": {"wide-keys": dict(num_mem_tokens=4, assoc_dim=8)},
 }
 
 
@@ -122,6 +126,8 @@ def flop_cases():
     yield pytest.param("infinite_former", dict(mem_len=6), id="infinite_former")
     yield pytest.param("infinite_former", dict(mem_len=2, ltm_sticky=True, pre_lnorm=True),
                        id="infinite_former-M<N-sticky")
+    yield pytest.param("armt", dict(), id="armt")
+    yield pytest.param("armt", dict(num_mem_tokens=5, assoc_dim=2, pre_lnorm=True), id="armt-5-tokens")
 
 
 @pytest.mark.parametrize("arch,kw", list(flop_cases()))

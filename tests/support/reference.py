@@ -594,3 +594,71 @@ def infinite_former_reference(model, tokens: list[int], targets: list[int], seg_
             h = new_h
         results.append([W.nll(h[i], targets[i]) for i in cur])
     return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ARMT (Rodkin et al., 2024; not among ../shared/papers: the paper's eqs. 1-4 with the authors' code's epsilon,
+# clip and first-segment rule, as models/armt.py's docstring states them)
+
+
+def dpfp_reference(x: torch.Tensor, nu: int = 3) -> torch.Tensor:
+    """Schlag et al.'s DPFP, element by element: x' = [relu(x), relu(-x)] (n = 2d entries), and for j = 1..nu,
+    i = 0..n-1 the entry (j - 1) n + i is x'[i] x'[(i - j) mod n]."""
+    xp = [max(float(v), 0.0) for v in x] + [max(-float(v), 0.0) for v in x]
+    n = len(xp)
+    return torch.tensor([xp[i] * xp[(i - j) % n] for j in range(1, nu + 1) for i in range(n)], dtype=torch.float64)
+
+
+def armt_reference(model, tokens: list[int], targets: list[int], seg_len: int, doc_starts) -> list[list[float]]:
+    """Per segment of one lane, the per-token NLL. The segment's rows are its N tokens and then R memory rows whose
+    inputs are the learned memory_init; attention is causal over the rows, at distances row - row. Each layer
+    first adds to every row what its associative state returns for the row's DPFP query (A^T phi(q) over
+    z.phi(q) + eps), then runs the Transformer-XL layer; then each memory row's output m writes, against the state
+    before the segment: key k = phi(W_k m), value v = W_v m, gate beta = sigmoid(w_b.m + b), the stored value
+    A^T k / (z.k + eps), gamma = clip(1 - (z.k + eps) / (|k|^2 + eps), 0, 1), or 1 when the state is empty;
+    A += beta k (v - stored)^T and z += gamma k, summed over the memory rows. A document start empties the state."""
+    W, cfg = Weights(model), model.cfg
+    N, R, L, D = seg_len, cfg.num_mem_tokens, cfg.n_layer, cfg.d_model
+    eps = 1e-5
+    memory_init = model.learned.memory_init.detach().double()
+    blocks = [{name: getattr(b, name).weight.detach().double() for name in ("query", "key", "value", "beta")}
+              for b in model.assoc]
+    beta_bias = [float(b.beta.bias.detach()) for b in model.assoc]
+    width = 6 * cfg.assoc_dim
+    results = []
+    for s in range(0, len(tokens), N):
+        if s == doc_start_of(s, doc_starts):
+            A = [torch.zeros(width, D, dtype=torch.float64) for _ in range(L)]
+            z = [torch.zeros(width, dtype=torch.float64) for _ in range(L)]
+            empty = True
+        rows = [W.embed(tokens[i]) for i in range(s, s + N)] + [memory_init[r] for r in range(R)]
+        for l in range(L):
+            wts = blocks[l]
+            read = []
+            for x in rows:
+                q = dpfp_reference(wts["query"] @ x)
+                read.append(x + (q @ A[l]) / (float(q @ z[l]) + eps))
+            rows = read
+            qkv = [W.qkv(l, x) for x in rows]
+            u, v_bias = W.bias("bias_u", l), W.bias("bias_v", l)
+            out = []
+            for a in range(len(rows)):
+                scores = [W.score(l, qkv[a][0], qkv[b][1], u, v_bias, clamped(a - b, cfg.clamp_len))
+                          for b in range(a + 1)]
+                ctx, _ = softmax_over(scores, [qkv[b][2] for b in range(a + 1)])
+                out.append(W.finish(l, rows[a], ctx))
+            rows = out
+            delta_A, delta_z = torch.zeros_like(A[l]), torch.zeros_like(z[l])
+            for m in rows[N:]:
+                k = dpfp_reference(wts["key"] @ m)
+                value = wts["value"] @ m
+                beta = 1 / (1 + math.exp(-(float(wts["beta"][0] @ m) + beta_bias[l])))
+                denominator = float(k @ z[l]) + eps
+                stored = (k @ A[l]) / denominator
+                gamma = 1.0 if empty else min(max(1 - denominator / (float(k @ k) + eps), 0.0), 1.0)
+                delta_A += beta * torch.outer(k, value - stored)
+                delta_z += gamma * k
+            A[l], z[l] = A[l] + delta_A, z[l] + delta_z
+        empty = False
+        results.append([W.nll(rows[i], targets[s + i]) for i in range(N)])
+    return results

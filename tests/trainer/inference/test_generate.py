@@ -40,6 +40,7 @@ CASES = {
     "infinite_former": dict(arch="infinite_former", mem_len=8, ltm_basis=6, ltm_samples=5),
     "infinite_former_sticky_short_mem": dict(arch="infinite_former", mem_len=3, ltm_basis=4, ltm_samples=7,
                                              ltm_sticky=True, pre_lnorm=True),
+    "armt": dict(arch="armt", mem_len=0, num_mem_tokens=3, assoc_dim=4),
 }
 
 
