@@ -27,6 +27,9 @@ RMT authors' loader cuts a sample (`src[:-1]` -> `tgt[1:]`), so a sample of T to
 into exactly the segments the paper's Figure 4 counts (copy 24 -> 48: 72 predictions). Retrieval's `query` is the
 marker before the queried key ("??", Ba et al.; the RMT authors' generator has none: "").
 
+The long-context tasks qa1, qa2, qa3 (BABILong-style: bAbI-like facts in WikiText background) and passkey are
+data_pipeline/longctx.py's; their `length` is the sample's bytes.
+
 Sizes: `length` (copy/reverse symbols, retrieval pairs) sets how many segments a sample spans. Splits are generated
 from different seeds (seed, split), so train, valid and test differ; the same seed gives the same bytes (numpy's
 PCG64 streams are stable for the pinned numpy).
@@ -41,9 +44,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import longctx
 from .format import SPLITS, DataError
 
-TASKS = ("copy", "reverse", "retrieval", "quadratic")
+# The RMT tasks, then the long-context ones (data_pipeline/longctx.py); appended, so the older tasks' seeds hold.
+TASKS = ("copy", "reverse", "retrieval", "quadratic") + longctx.LONGCTX_TASKS
 SEP = ">"  # start-to-generate token
 QUERY = "??"  # retrieval: marks the queried key (Ba et al.)
 NO_ROOTS = "none"
@@ -55,6 +60,7 @@ DEFAULTS = {
     "reverse": {"length": 24, "alphabet": string.ascii_lowercase},
     "retrieval": {"length": 4, "query": QUERY},  # key/value pairs
     "quadratic": {"root_range": 100, "alpha_max": 10, "no_roots": 0.2},
+    **{task: dict(options) for task, options in longctx.DEFAULTS.items()},
 }
 for _options in DEFAULTS.values():
     _options["predict_first"] = True  # false: the first token is an input only (the RMT authors' cut)
@@ -134,6 +140,8 @@ def _check(task: str, o: dict) -> None:
         raise DataError(f"retrieval: query marker {o['query']!r} must not use letters, digits, {SEP!r} or a newline")
     if task == "copy" and o["copies"] < 1:
         raise DataError(f"copy: copies must be >= 1, got {o['copies']}")
+    if task in longctx.LONGCTX_TASKS:
+        longctx.check(task, o)
     if task == "quadratic":
         if o["root_range"] < 1 or o["alpha_max"] < 1 or not 0.0 <= o["no_roots"] <= 1.0:
             raise DataError(f"quadratic: need root_range >= 1, alpha_max >= 1, 0 <= no_roots <= 1; got {o}")
@@ -148,6 +156,10 @@ def generate(task: str, split: str, options: dict | None = None) -> Iterator[Sam
     """The split's samples, in order, from resolved (or partial) options."""
     o = resolve_options(task, options)  # idempotent on resolved options
     rng = split_rng(task, o["seed"], split)
+    if task in longctx.LONGCTX_TASKS:
+        for _ in range(o["docs"][split]):
+            yield Sample(*longctx.sample_text(task, split, rng, o))
+        return
     make = {"copy": _copy, "reverse": _reverse, "retrieval": _retrieval, "quadratic": _quadratic}[task]
     for _ in range(o["docs"][split]):
         yield make(rng, o)

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
+# data_pipeline/tasks.py's TASKS, spelled out so that `memlm --help` loads no numpy (tests/cli checks they agree)
+TASK_NAMES = ["copy", "reverse", "retrieval", "quadratic", "qa1", "qa2", "qa3", "passkey"]
 CONFIG_HELP = "a YAML file, or a preset's name such as tiny/txl or paper/wt103/lamemo (`memlm config --list`)"
 
 
@@ -185,11 +187,14 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
                    help="trained on the train split (default: bytes for enwik8/text8/task, else word)")
     p.add_argument("--tokenizer-from", metavar="DIR", help="reuse a trained tokenizer folder (e.g. DATA_DIR/tokenizer)")
     p.add_argument("--vocab-size", type=int, metavar="N", help="needed for spm-*; caps the word vocabulary")
-    p.add_argument("--task", choices=["copy", "reverse", "retrieval", "quadratic"])
+    p.add_argument("--task", choices=TASK_NAMES,
+                   help="an RMT task, or a long-context one: qa1/qa2/qa3 (BABILong-style, give "
+                        "--task-option background=WIKITEXT_DIR) or passkey")
     p.add_argument("--task-docs", metavar="N|TRAIN,VALID,TEST",
                    help="samples per split (N: train N, valid and test N/10; default 10000)")
     p.add_argument("--task-length", type=int, metavar="L",
-                   help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4)")
+                   help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4); "
+                        "qa1-3, passkey: the sample's bytes (default 1000)")
     p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other task option, repeatable (e.g. alphabet=0123456789, predict_first=false, query=)")
     p.add_argument("--seed", type=int, default=0, help="task generation seed (default 0)")

@@ -17,12 +17,19 @@ from memlm.data_pipeline.tasks import SEP, TASKS, generate, resolve_options, tas
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = "200,50,50"
+# The long-context tasks (their own tests: tests/data_pipeline/test_longctx.py): small samples, and the QA's background
+WIKITEXT2 = str(ROOT.parent / "shared" / "data" / "wikitext-2")
+LONGCTX = {"passkey": {"length": 300}, **{qa: {"length": 300, "background": WIKITEXT2} for qa in ("qa1", "qa2", "qa3")}}
+
+
+def task_options(task: str, **options) -> dict:
+    return {"docs": DOCS, **LONGCTX.get(task, {}), **options}
 
 
 def _samples(task: str, split: str = "train", **options):
     """(prompt, answer, mask) of every document, decoded back from the byte ids."""
     out = []
-    for tokens, mask, _ in task_documents(task, split, resolve_options(task, {"docs": DOCS, **options})):
+    for tokens, mask, _ in task_documents(task, split, resolve_options(task, task_options(task, **options))):
         text = bytes(tokens.astype(np.uint8)).decode("ascii")
         prompt, answer = text.split(SEP, 1)
         out.append((prompt, answer, mask))
@@ -114,7 +121,7 @@ def test_quadratic_matches_the_papers_example():
 @pytest.mark.parametrize("task", TASKS)
 def test_same_seed_same_bytes_and_splits_differ(task):
     def raw(split, seed):
-        docs = task_documents(task, split, resolve_options(task, {"docs": DOCS, "seed": seed}))
+        docs = task_documents(task, split, resolve_options(task, task_options(task, seed=seed)))
         return b"".join(t.astype(np.uint8).tobytes() + b"\n" for t, _, _ in docs)
 
     assert raw("train", 3) == raw("train", 3)
