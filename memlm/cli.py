@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_analyze(commands)
     _add_extrapolate(commands)
+    _add_longeval(commands)
     _add_sweep(commands)
     _add_compare(commands)
     _add_ui(commands)
@@ -356,6 +357,37 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
     from memlm.cluster import extrapolate
 
     return extrapolate.main(args)
+
+
+def _add_longeval(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("longeval", help="answer accuracy on long-context tasks (BABILong-style QA, passkey) by "
+                            "sample length and fact depth, one Ray task per (run, length); heatmaps, JSON, MLflow")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--lengths", default="512,1k,2k,4k", metavar="L,L,...",
+                   help="sample lengths in tokens, k = 1024 (default 512,1k,2k,4k)")
+    p.add_argument("--depths", type=int, default=5, metavar="K", help="fact-depth windows (default 5: 0-0.2, ...)")
+    p.add_argument("--samples", type=int, default=20, metavar="S", help="samples per (length, depth) (default 20)")
+    p.add_argument("--task", choices=["qa1", "qa2", "qa3", "passkey"],
+                   help="default: the task the first run was trained on")
+    p.add_argument("--background", metavar="WIKITEXT_DIR", help="QA background (default: the run's data's)")
+    p.add_argument("--seed", type=int, default=0, help="sample generation seed (default 0)")
+    p.add_argument("--split", choices=["valid", "test"], default="test", help="background text's split")
+    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
+    p.add_argument("--out", metavar="DIR", help="results folder (default longeval/)")
+    p.add_argument("--experiment", default="memlm-longeval", help="MLflow experiment (default memlm-longeval)")
+    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
+    p.add_argument("--cpus-per-task", type=float, default=1.0, metavar="C", help="CPUs each evaluation asks for")
+    p.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G", help="GPUs each evaluation asks for")
+    p.add_argument("--lanes", type=int, metavar="B", help="samples side by side (default the run's eval lanes)")
+    p.add_argument("--max-retries", type=int, default=2, help="retries of a failed evaluation (default 2)")
+    p.set_defaults(run=_run_longeval)
+
+
+def _run_longeval(args: argparse.Namespace) -> int:
+    from memlm.cluster import longeval
+
+    return longeval.main(args)
 
 
 def _add_sweep(commands: argparse._SubParsersAction) -> None:

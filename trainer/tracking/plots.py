@@ -95,6 +95,55 @@ def draw_curves(curves: Mapping[str, Sequence[tuple[int, float]]], *, ylabel: st
     return fig
 
 
+def plot_accuracy_heatmap(grid: Sequence[Sequence[float | None]], lengths: Sequence[int],
+                          windows: Sequence[tuple[float, float]], path: str | os.PathLike, *, title: str) -> Path:
+    """Accuracy by sample length (columns) and fact depth (rows, 0 = the start of the context), BABILong's figure.
+    grid[depth][length]: accuracy in [0, 1], None where the evaluation is missing (drawn blank)."""
+    fig, ax = _axes((1.2 + 0.9 * len(lengths), 1.2 + 0.5 * len(windows)), 120)
+    values = [[float("nan") if v is None else v for v in row] for row in grid]
+    image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            if not math.isnan(v):
+                ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(lengths)), [_size_label(n) for n in lengths])
+    ax.set_yticks(range(len(windows)), [f"{lo:.1f}-{hi:.1f}" for lo, hi in windows])
+    ax.set_xlabel("sample length (tokens)")
+    ax.set_ylabel("fact depth")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="accuracy")
+    return _save_png(fig, path)
+
+
+def plot_accuracy_against_length(lines: Mapping[str, Sequence[tuple[int, float]]], path: str | os.PathLike, *,
+                                 title: str, trained: Mapping[str, int] | None = None) -> Path:
+    """Accuracy (all depths) against sample length, log-2 x axis, one line per run; a run's training length,
+    when given, is marked on its line."""
+    fig, ax = _axes((6.0, 4.0), 120)
+    ticks: set[int] = set()
+    for label, points in lines.items():
+        points = sorted(points)
+        ticks.update(n for n, _ in points)
+        line = ax.plot([n for n, _ in points], [a for _, a in points], marker="o", markersize=4, label=label)[0]
+        if trained and label in trained:
+            ax.axvline(trained[label], color=line.get_color(), linestyle=":", alpha=0.6)
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(sorted(ticks), [_size_label(n) for n in sorted(ticks)])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("sample length (tokens)")
+    ax.set_ylabel("answer accuracy")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if lines:
+        ax.legend()
+    return _save_png(fig, path)
+
+
+def _size_label(n: int) -> str:
+    return f"{n / 1024:g}k" if n >= 1024 and n % 512 == 0 else str(n)
+
+
 def _axes(size: tuple[float, float], dpi: int):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

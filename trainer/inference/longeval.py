@@ -1,0 +1,112 @@
+"""Long-context accuracy of one run at one sample length: what `memlm longeval` runs per (run, length).
+
+A sample (data_pipeline/longctx.py: BABILong-style QA or passkey) is read as training reads a document: inputs
+[boundary] + doc[:-1], targets doc, segment by segment at the run's target length, the memory carried over every
+segment of the sample and emptied at its start. The answer counts as right when at every answer token the most
+likely next token is the answer's: exactly what greedy decoding after the prompt would write. Lanes hold one
+sample each; a sample shorter than its lane-mates is padded after its end (inputs the boundary id, targets
+ignored), which no answer token can see.
+
+Depth: the facts of a cell's samples lie in one window [i / K, (i + 1) / K] of the background (depth 0: the start
+of the context, far from the question).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from memlm.models import build_model
+from memlm.models.output import map_memory
+
+IGNORE = -100
+
+
+def answer_correct(model: torch.nn.Module, docs: list[tuple[np.ndarray, int]], *, lanes: int, boundary_id: int,
+                   device: str | torch.device = "cpu") -> list[bool]:
+    """docs: (byte ids of prompt + SEP + answer, answer length) -> whether the model gets each answer right."""
+    N = model.cfg.tgt_len
+    out: list[bool] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for first in range(0, len(docs), lanes):
+                group = docs[first:first + lanes]
+                B = len(group)
+                n_seg = max(math.ceil(len(tokens) / N) for tokens, _ in group)
+                inputs = torch.full((B, n_seg * N), boundary_id, dtype=torch.long)
+                targets = torch.full((B, n_seg * N), IGNORE, dtype=torch.long)
+                for lane, (tokens, answer_len) in enumerate(group):
+                    doc = torch.as_tensor(tokens, dtype=torch.long)
+                    inputs[lane, 1:len(doc)] = doc[:-1]
+                    targets[lane, len(doc) - answer_len:len(doc)] = doc[len(doc) - answer_len:]
+                memory = model.init_memory(B, device=device)
+                wrong = torch.zeros(B, dtype=torch.bool)
+                for k in range(n_seg):
+                    seg = slice(k * N, (k + 1) * N)
+                    reset = torch.full((B,), k == 0, dtype=torch.bool, device=device)
+                    result = model(inputs[:, seg].to(device), memory, reset=reset, targets=targets[:, seg].to(device),
+                                   return_logits=True)
+                    memory = map_memory(torch.Tensor.detach, result.memory)
+                    scored = targets[:, seg] != IGNORE
+                    if scored.any():
+                        guess = result.logits.argmax(-1).cpu()
+                        wrong |= (scored & (guess != targets[:, seg])).any(-1)
+                out += (~wrong).tolist()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def depth_windows(count: int) -> list[tuple[float, float]]:
+    return [(i / count, (i + 1) / count) for i in range(count)]
+
+
+def task_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
+                 split: str) -> list[tuple[np.ndarray, int]]:
+    """`count` samples of `length` bytes with their facts in `window`, as (byte ids, answer length)."""
+    from memlm.data_pipeline.tasks import generate, resolve_options
+
+    # A seed per (length, window) cell: cells never share samples, and any cell can be rerun alone.
+    cell_seed = int(np.random.SeedSequence([seed, length, int(window[0] * 1e6)]).generate_state(1)[0] % 2**31)
+    resolved = resolve_options(task, {**options, "length": length, "depth_min": window[0], "depth_max": window[1],
+                                      "seed": cell_seed, "docs": {"train": 1, "valid": count, "test": count}})
+    return [(np.frombuffer(s.text.encode("ascii"), dtype=np.uint8).astype(np.int64), len(s.answer))
+            for s in generate(task, split, resolved)]
+
+
+def evaluate_length(run_dir: str | os.PathLike, task: str, options: dict, length: int, depths: int, samples: int,
+                    seed: int = 0, split: str = "test", lanes: int | None = None) -> dict[str, Any]:
+    """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes."""
+    from memlm.data_pipeline.shards import load_manifest
+    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+    from memlm.trainer.checkpoint.weights import load_weights
+    from memlm.trainer.config.run_config import eval_model_config
+    from memlm.trainer.inference.evaluate import resolve_eval_config
+
+    run_dir = Path(run_dir)
+    cfg = resolve_eval_config(run_dir, split, None, None, None, None, None)
+    ckpt_dir, tag = find_checkpoint(run_dir, None)
+    manifest = load_manifest(Path(cfg.data.path))
+    mcfg = eval_model_config(cfg)
+    model = build_model(mcfg)
+    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    boundary = int(manifest["tokenizer"]["boundary_id"])
+    rows = []
+    for window in depth_windows(depths):
+        docs = task_samples(task, options, length, window, samples, seed, split)
+        right = answer_correct(model, docs, lanes=lanes or cfg.data.eval_lanes, boundary_id=boundary, device=device)
+        rows.append({"depth_min": window[0], "depth_max": window[1], "samples": len(right),
+                     "accuracy": sum(right) / len(right)})
+    total = sum(r["samples"] for r in rows)
+    return {"task": task, "length": length, "split": split, "seed": seed, "tgt_len": mcfg.tgt_len,
+            "mem_len": mcfg.mem_len, "arch": mcfg.arch, "step": step_of(tag), "samples": total,
+            "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / total, "by_depth": rows}
