@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(commands)
     _add_extrapolate(commands)
     _add_longeval(commands)
+    _add_curriculum(commands)
     _add_sweep(commands)
     _add_compare(commands)
     _add_ui(commands)
@@ -259,6 +260,34 @@ def _run_train(args: argparse.Namespace) -> int:
     from memlm.trainer.runtime.distributed import shutdown
 
     shutdown()  # only after a finished run: a failing rank must not wait in a collective teardown
+    return 0
+
+
+def _add_curriculum(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("curriculum", help="train stage by stage on longer and longer long-context samples, each "
+                            "stage from the previous one's weights (the BABILong / ARMT recipe)")
+    p.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="applied to every stage")
+    p.add_argument("--task", required=True, choices=["qa1", "qa2", "qa3", "passkey"])
+    p.add_argument("--background", metavar="WIKITEXT_DIR", help="the QA tasks' background text folder")
+    p.add_argument("--segments", default="1,2,4,8", metavar="S,S,...",
+                   help="segments per sample at each stage, increasing (default 1,2,4,8)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps per stage (default 1000)")
+    p.add_argument("--docs", default="5000", metavar="N|TRAIN,VALID,TEST", help="samples per stage's corpus")
+    p.add_argument("--seed", type=int, default=0, help="sample generation seed (default 0)")
+    p.add_argument("--out", required=True, metavar="DIR", help="stages' data and run folders")
+    p.set_defaults(run=_run_curriculum)
+
+
+def _run_curriculum(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memlm.trainer.loop.curriculum import parse_segments, run_curriculum
+
+    options = {"background": args.background} if args.background else {}
+    runs = run_curriculum(args.config, args.overrides, out=Path(args.out), task=args.task, task_options=options,
+                          segments=parse_segments(args.segments), steps=args.steps, docs=args.docs, seed=args.seed)
+    print(f"curriculum: {len(runs)} stage(s) trained; the last one: {runs[-1]}")
     return 0
 
 

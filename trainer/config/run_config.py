@@ -75,6 +75,10 @@ class TrainConfig:
     # After SIGTERM (a scheduler's preemption) the run saves at the next step boundary; if none comes within this
     # many seconds it leaves without (0: wait for it however long). SLURM's and Kubernetes' default grace is 30 s.
     stop_grace_s: float = 30.0
+    # A run folder whose latest checkpoint's model weights start this run (optimizer, schedule, data stream and
+    # memory start fresh): a curriculum stage from the previous stage (`memlm curriculum`), a fine-tune. "" = none.
+    # A resumed run restores its own checkpoint and ignores it.
+    init_from: str = ""
 
     def validate(self) -> "TrainConfig":
         _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1, max_bad_steps=1)

@@ -91,6 +91,25 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     return Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
 
 
+def load_initial_weights(model, run_dir: Path) -> None:
+    """train.init_from: the model weights of run_dir's latest checkpoint, which must fit this model exactly."""
+    from memlm.models.config import ConfigError
+    from memlm.trainer.checkpoint.store import find_checkpoint
+    from memlm.trainer.checkpoint.weights import load_weights
+
+    ckpt_dir, tag = find_checkpoint(run_dir, None)
+    state, own = load_weights(ckpt_dir, tag), model.state_dict()
+    misfits = [f"{k}: {tuple(state[k].shape)} there, {tuple(v.shape)} here" for k, v in own.items()
+               if k in state and state[k].shape != v.shape]
+    misfits += [f"{k} missing there" for k in own if k not in state]
+    misfits += [f"{k} not in this model" for k in state if k not in own]
+    if misfits:
+        more = f" and {len(misfits) - 1} more" if len(misfits) > 1 else ""
+        raise ConfigError(f"train.init_from={run_dir}: its weights ({ckpt_dir / tag}) do not fit this model "
+                          f"({misfits[0]}{more}); start from a run of the same model config")
+    model.load_state_dict(state, strict=True)
+
+
 def _check_device(cfg, device: str) -> None:
     """Settings this device or this torch cannot train with, refused in one line before anything starts."""
     from memlm.models.config import ConfigError
@@ -180,6 +199,8 @@ class Trainer:
         # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
         seed_everything(cfg.train.seed)
         model = build_model(cfg.model)
+        if cfg.train.init_from and self.resume_tag is None:
+            load_initial_weights(model, Path(cfg.train.init_from))
         if cfg.train.compile:
             # In place: parameter names and checkpoints stay those of the plain model.
             compile_in_place = model.compile_layers if cfg.train.compile_scope == "layer" else model.compile
