@@ -59,9 +59,8 @@ def test_weights_of_another_model_are_one_line(data, tmp_path, capsys):
 
 
 def test_curriculum_stages_grow_and_start_from_the_previous_stage(tmp_path, capsys, monkeypatch):
-    from memlm.cli import main
-
     import memlm.trainer.loop.train as train_module
+    from memlm.cli import main
 
     started_from = []
     real = train_module.load_initial_weights
