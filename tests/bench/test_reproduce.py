@@ -207,6 +207,28 @@ def test_rmt_tasks_smoke(tmp_path):
         assert [row["tokens"] for row in steps] == [4 * 48, 2 * 4 * 48]
 
 
+def test_longctx_smoke(tmp_path):
+    """The long-context experiment at seconds-long sizes (Transformer-XL and ARMT on passkey): curriculum stages,
+    then `memlm longeval` of every last stage at every length and depth; a rerun trains and evaluates nothing again."""
+    work = tmp_path / "longctx"
+    command = ("--profile", "smoke", "--work", str(work), "--archs", "txl,armt", "--tasks", "passkey")
+    first = _script("longctx.py", *command)
+    result = json.loads((work / "reproduce_longctx_smoke.json").read_text())
+    assert _finite_numbers(result)
+    summary = result["results"]["passkey"]
+    assert summary["lengths"] == [256, 512] and sorted(r["arch"] for r in summary["runs"].values()) == ["armt", "txl"]
+    for run in summary["runs"].values():
+        assert run["run_dir"].endswith("stage1-4seg") and not run["missing"]  # the curriculum's last stage
+        for row in run["results"]:
+            assert row["samples"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and len(row["by_depth"]) == 2
+    # the accuracy-against-length plot and one heatmap per run, beside the JSON
+    assert len(result["figures"]) == 3 and all((work / Path(p).name).is_file() for p in result["figures"].values())
+    assert "start txl-passkey" in first.stdout
+    again = _script("longctx.py", *command)
+    assert "skip txl-passkey" in again.stdout and "0 evaluation(s) to run" in (
+        work / "logs" / "longeval-passkey.log").read_text().split("$ memlm")[-1]
+
+
 @pytest.mark.parametrize("arch, expected", [
     ("transformer", (0, 0, 3, 0, "window")), ("txl", (24, 0, 3, 0, "window")), ("rmt", (0, 24, 3, 0, "window")),
     ("rmt_bptt", (0, 24, 1, 2, "chunk"))])
