@@ -50,6 +50,9 @@ SKIPPED = {
                                     "(test_grid_sweep_with_a_killed_trial) and this command's own local Ray, "
                                     "--num-cpus 2 (test_interrupted_sweep_resumes_without_redoing_finished_trials)",
     "memlm sweep sweeps/lamemo_table5": "WikiText-103 and a GPU per trial",
+    "memlm prepare --corpus task --task qa1": "tests/data_pipeline/test_longctx.py prepares qa1 through the CLI",
+    "memlm curriculum": "tests/trainer/loop/test_curriculum.py runs a curriculum through the CLI",
+    "memlm longeval": "tests/cluster/test_longeval.py runs it on Ray; bench/reproduce/longctx.py's smoke in CI too",
     "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
     "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
     "memlm ui": "serves until Ctrl-C (tests/trainer/tracking/test_ui.py starts and stops it)",
