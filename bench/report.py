@@ -21,7 +21,8 @@ from bench.common import RESULTS, ROOT  # noqa: E402
 from bench.interrupt import stop_in_one_line  # noqa: E402
 
 REPORT = ROOT / "bench" / "REPORT.md"
-REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_rmt_tasks", "reproduce_tasks")
+REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_rmt_tasks", "reproduce_tasks",
+                   "reproduce_longctx")
 
 
 def fmt(value) -> str:
@@ -121,8 +122,30 @@ def render_rmt_tasks(data: dict) -> list[str]:
     return lines + [""]
 
 
+def render_longctx(data: dict) -> list[str]:
+    spec = data["spec"]
+    lines = [f"**Long-context accuracy** (profile `{data['profile']}`: curriculum over {spec['segments']} segments "
+             f"per sample, {spec['steps']:,} steps per stage, equal for every arch; exact-match answer accuracy on "
+             f"fresh test samples, {spec['depths']} depth windows x {spec['samples']} samples per length; "
+             "BABILong-style qa1 on WikiText-2 background, chance 1/8; passkey of 5 digits).", ""]
+    for task, summary in data["results"].items():
+        lengths = summary["lengths"]
+        lines += [f"{task}, accuracy (%) by sample length in tokens:", "",
+                  "| arch | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+        for run in summary["runs"].values():
+            acc = {r["length"]: r["accuracy"] for r in run["results"]}
+            lines.append(f"| {run['arch']} | " + " | ".join(f"{100 * acc[n]:.0f}" if n in acc else "-"
+                                                          for n in lengths) + " |")
+        lines.append("")
+    for stem, path in data.get("figures", {}).items():
+        figure = Path(path)
+        lines += [f"![{stem}]({figure.relative_to('bench') if figure.parts[0] == 'bench' else figure})", ""]
+    return lines
+
+
 RENDERERS = {"reproduce_wt2": render_wt2, "reproduce_extrapolate": render_extrapolate,
-             "reproduce_rmt_tasks": render_rmt_tasks, "reproduce_tasks": render_tasks}
+             "reproduce_rmt_tasks": render_rmt_tasks, "reproduce_tasks": render_tasks,
+             "reproduce_longctx": render_longctx}
 
 
 def generic(data: dict) -> list[str]:
