@@ -1,7 +1,7 @@
 """Long-context accuracy: Transformer-XL, LaMemo, RMT and ARMT trained at short lengths on passkey and BABILong-style
 QA1, tested up to 32x the longest trained length.
 
-    .venv/bin/python bench/reproduce/longctx.py                   # profile cpu -> bench/results/reproduce_longctx_cpu.json
+    .venv/bin/python bench/reproduce/longctx.py                   # cpu -> bench/results/reproduce_longctx_cpu.json
     .venv/bin/python bench/reproduce/longctx.py --profile gpu     # a GPU: wider model, longer curriculum
     .venv/bin/python bench/reproduce/longctx.py --profile smoke   # seconds (CI): the pipeline, never the quality
 
