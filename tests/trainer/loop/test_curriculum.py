@@ -59,6 +59,7 @@ def test_weights_of_another_model_are_one_line(data, tmp_path, capsys):
 
 
 def test_curriculum_stages_grow_and_start_from_the_previous_stage(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the stages track to the default ./mlflow.db: here, never in the checkout
     import memlm.trainer.loop.train as train_module
     from memlm.cli import main
 
