@@ -39,6 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_status
         if interrupt.seen:  # a rank whose peer stopped for the Ctrl-C: a broken collective, not a new error
             return interrupt.report(args.command)
+        if _is_peer_failure(exc):  # another rank or node failed: one line, from one surviving rank
+            if not exc.quiet:
+                print(f"memlm: error: {exc}", file=sys.stderr)
+            return exc.exit_status
         if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)
                 or _is_tracking_error(exc)):
             raise
@@ -494,6 +498,11 @@ def _is_config_error(exc: BaseException) -> bool:
 def _is_preempted(exc: BaseException) -> bool:
     preemption = sys.modules.get("memlm.trainer.loop.preemption")
     return preemption is not None and isinstance(exc, preemption.Preempted)
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    watch = sys.modules.get("memlm.trainer.runtime.peer_watch")
+    return watch is not None and isinstance(exc, watch.PeerFailure)
 
 
 def _is_resume_error(exc: BaseException) -> bool:

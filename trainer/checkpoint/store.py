@@ -6,7 +6,7 @@ Layout under RUN_DIR/checkpoints:
 Writing: every rank saves into `.tmp-global_step{N}` (engine.save_checkpoint + its rank file); after a barrier
 rank 0 renames the folder and replaces `latest` (temp file + os.replace), then prunes to train.keep_last. A
 process killed anywhere before the rename leaves only a `.tmp-*` folder, which nothing reads and the next save
-of that step removes; `latest` still names the previous checkpoint.
+removes; `latest` still names the previous checkpoint.
 rank{r}.pt holds what lives outside the engine on that rank, each piece saved by the object that owns it
 (`state_dict` / `load_state_dict`): the trainer's counters (step, tokens, skipped steps), the recurrent memory
 (and RMT's replay window), the stream cursor, the RNG states; plus the format version (`upgrade` reads older ones).
@@ -64,7 +64,8 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
     tag = tag_for(step)
     tmp_tag = TMP_PREFIX + tag
     if rank == 0:
-        shutil.rmtree(ckpt_dir / tmp_tag, ignore_errors=True)  # a leftover of a killed run
+        for leftover in ckpt_dir.glob(TMP_PREFIX + "global_step*"):  # of a killed or failed save: never read
+            shutil.rmtree(leftover, ignore_errors=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     try:
@@ -75,7 +76,11 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
         if rank == 0:
             (ckpt_dir / tmp_tag / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     except OSError as exc:  # a full disk, a quota, a vanished mount: the previous checkpoint must stay usable
-        shutil.rmtree(ckpt_dir / tmp_tag, ignore_errors=True)  # give the space back
+        if distributed.world_size() == 1:
+            shutil.rmtree(ckpt_dir / tmp_tag, ignore_errors=True)  # give the space back
+        # With several ranks the others may still be writing into the folder (removing it under them turned one
+        # rank's full disk into another's "Parent directory does not exist"); the peer watch ends them, and rank 0
+        # removes the leftover at the next save.
         previous = latest_tag(ckpt_dir)
         raise CheckpointWriteError(
             f"cannot write checkpoint {ckpt_dir / tag} ({exc.strerror or exc}); "

@@ -75,6 +75,9 @@ class TrainConfig:
     # After SIGTERM (a scheduler's preemption) the run saves at the next step boundary; if none comes within this
     # many seconds it leaves without (0: wait for it however long). SLURM's and Kubernetes' default grace is 30 s.
     stop_grace_s: float = 30.0
+    # With several ranks: a rank silent this long (SIGKILLed, its node lost) ends the whole job, with one line naming
+    # it; a rank's error ends the others at once (trainer/runtime/peer_watch.py). 0 turns the watch off.
+    peer_timeout_s: float = 60.0
     # A run folder whose latest checkpoint's model weights start this run (optimizer, schedule, data stream and
     # memory start fresh): a curriculum stage from the previous stage (`memlm curriculum`), a fine-tune. "" = none.
     # A resumed run restores its own checkpoint and ignores it.
@@ -83,7 +86,8 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         _at_least(self, "train", steps=1, grad_accum=1, keep_last=1, log_every=1, max_bad_steps=1)
         _at_least(self, "train", warmup_steps=0, save_every=0, eval_every=0, eval_batches=0, seed=0,
-                  weight_decay=0.0, clip=0.0, stop_grace_s=0.0)
+                  weight_decay=0.0, clip=0.0, stop_grace_s=0.0,
+                  peer_timeout_s=0.0)
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -163,6 +163,7 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
         self.built = False
+        self.watch = None  # the peer watch of a multi-rank run (trainer/runtime/peer_watch.py), from build()
 
     # -- saved state -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -196,6 +197,9 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         distributed.init(self.info, log_dir=self.run_dir)  # DeepSpeed's set-up prints go to RUN_DIR/library.log
+        from memlm.trainer.runtime.peer_watch import PeerWatch
+
+        self.watch = PeerWatch.start(self.rank, self.info.world_size, cfg.train.peer_timeout_s, self._last_checkpoint)
         # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
         seed_everything(cfg.train.seed)
         model = build_model(cfg.model)
@@ -275,6 +279,7 @@ class Trainer:
 
         engine, device = self.engine, self.device
         lr = engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
+        faults.kill_point("error", self.step + 1, self.rank)  # test hook: a bug on one rank
         self.poison.param(self.step + 1, engine.module)
         nll, count, inputs = [], 0, 0
         bad_loss = torch.zeros((), dtype=torch.bool, device=device)
@@ -355,11 +360,29 @@ class Trainer:
 
     # -- loop --------------------------------------------------------------------------------------------------
     def fit(self, stop_at: int | None = None) -> Path:
-        """Train to train.steps (or `stop_at`), resuming from `resume_tag` first; returns the run folder."""
+        """Train to train.steps (or `stop_at`), resuming from `resume_tag` first; returns the run folder.
+
+        With several ranks, an error here is posted for the peers, which end at once (peer_watch.py); an error that
+        is a peer's death seen through a collective becomes one PeerFailure line naming that peer. Preemption,
+        Ctrl-C and TrainingStopped happen on every rank alike and pass as they are."""
+        try:
+            self.build()
+            return self._fit(stop_at)
+        except (Preempted, KeyboardInterrupt, SystemExit, TrainingStopped):
+            raise
+        except Exception as exc:
+            raised = self.watch.failed(exc) if self.watch is not None else exc
+            if raised is exc:
+                raise
+            raise raised from None
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
+
+    def _fit(self, stop_at: int | None) -> Path:
         from .progress import Progress
 
         tag, reshard = self.resume_tag, self.reshard
-        self.build()
         if tag is not None:
             self._restore(tag, reshard)
             self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
@@ -367,6 +390,8 @@ class Trainer:
         if self.rank == 0:  # what the folder says now matches the step training continues from
             run_folder.rewind(self.run_dir, self.step, reshard=reshard and tag is not None)
         tracker = self._tracker()
+        if self.watch is not None:  # ended by a peer's fault from the watch thread: the MLflow run says FAILED
+            self.watch.on_abort.append(lambda: tracker.finish("FAILED"))
         cfg = self.cfg.train
         progress = Progress(self.rank, self.step, cfg.steps)
         metrics_path = self.run_dir / "metrics.jsonl"

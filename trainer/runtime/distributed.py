@@ -196,6 +196,13 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def world_size() -> int:
+    """The default process group's size; 1 without one."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def barrier() -> None:
     import torch.distributed as dist
 

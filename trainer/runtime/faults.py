@@ -8,9 +8,10 @@ import for all of them and a test author finds every point in one list.
                                         preemption would (tests/trainer/checkpoint/test_kill_matrix.py). POINTs:
                                         step, micro, validation (trainer/loop/train.py); engine-saved, rank-saved,
                                         renamed, latest (trainer/checkpoint/store.py); "enospc" instead fails that
-                                        step's save as a full disk would.
-    MEMLM_TEST_SIGNAL=TERM|INT          the signal MEMLM_TEST_KILL sends instead of SIGKILL: a scheduler's
-                                        preemption, or Ctrl-C.
+                                        step's save as a full disk would; "error" raises a RuntimeError as that
+                                        step starts (a bug on one rank: trainer/runtime/peer_watch.py).
+    MEMLM_TEST_SIGNAL=TERM|INT|STOP     the signal MEMLM_TEST_KILL sends instead of SIGKILL: a scheduler's
+                                        preemption, Ctrl-C, or a frozen rank (a node gone without a word).
     MEMLM_TEST_SLEEP_IN_SAVE=STEP:SECS  sleep inside the aside-write of that step's checkpoint, so a test can kill
                                         the process mid-checkpoint or let a SIGTERM grace period run out.
     MEMLM_TEST_POISON=STEP:RANK:WHAT,...  "batch": that step's first micro-batch loss is NaN (a corrupted batch);
@@ -41,6 +42,8 @@ def kill_point(point: str, step: int, rank: int) -> None:
     if name == point and int(at) == step and (not who or int(who[0]) == rank):
         if point == "enospc":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if point == "error":
+            raise RuntimeError(f"fault injected at step {step} on rank {rank} ({KILL_HOOK}={hook})")
         os.kill(os.getpid(), getattr(signal, f"SIG{os.environ.get(SIGNAL_HOOK, 'KILL')}"))
 
 
