@@ -55,6 +55,9 @@ SKIPPED = {
     "memlm longeval": "tests/cluster/test_longeval.py runs it on Ray; bench/reproduce/longctx.py's smoke in CI too",
     "memlm sweep SWEEP.yaml": "a sweep file of your own and a Ray cluster",
     "memlm extrapolate runs/* --mult 1,2,4,8 --address auto": "a Ray cluster and an MLflow server",
+    "torchrun --nnodes 2": "two nodes, started together (tests/trainer/loop/test_multinode.py runs this form)",
+    "deepspeed --hostfile hostfile --no_ssh": "two nodes, started together (tests/trainer/loop/test_multinode.py "
+                                              "runs this form)",
     "memlm ui": "serves until Ctrl-C (tests/trainer/tracking/test_ui.py starts and stops it)",
     "python bench/": "hours of training (tests/bench/test_reproduce.py runs the experiments' smoke versions)",
 }

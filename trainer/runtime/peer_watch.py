@@ -96,8 +96,8 @@ class PeerWatch:
     def start(cls, rank: int, world_size: int, timeout_s: float, last_checkpoint: Callable[[], str] = lambda: "",
               interval_s: float = INTERVAL_S) -> "PeerWatch | None":
         """A running watch for this rank, or None for a single process (no peers) or timeout_s == 0 (off)."""
-        if world_size <= 1 or timeout_s <= 0:
-            return None
+        if world_size <= 1 or timeout_s <= 0 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+            return None  # no peers, watch off, or a group set up without an env:// store to share
         from torch.distributed import TCPStore
 
         store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
