@@ -13,3 +13,13 @@ from pathlib import Path as _Path
 _CHECKOUT = _Path(__file__).resolve().parent.parent
 if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "trainer" / "__init__.py").is_file():
     __path__.append(str(_CHECKOUT))  # noqa: F821 - a package's own search path
+
+
+def __getattr__(name: str):
+    """`from memlm import load_pretrained`: loaded on first use, so `import memlm` (and `memlm --help`) stays free of
+    torch."""
+    if name == "load_pretrained":
+        from memlm.trainer.checkpoint.pretrained import load_pretrained
+
+        return load_pretrained
+    raise AttributeError(f"module 'memlm' has no attribute {name!r}")

@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(commands)
     _add_eval(commands)
     _add_generate(commands)
+    _add_export(commands)
     _add_analyze(commands)
     _add_extrapolate(commands)
     _add_longeval(commands)
@@ -296,9 +297,9 @@ def _run_curriculum(args: argparse.Namespace) -> int:
 
 
 def _add_eval(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("eval", help="evaluate a run's latest checkpoint on valid/test (per-document memory) "
-                            "and print the JSON result")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = commands.add_parser("eval", help="evaluate a run's latest checkpoint (or an export folder) on valid/test "
+                            "(per-document memory) and print the JSON result")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, or an export folder (`memlm export`)")
     p.add_argument("--split", choices=["valid", "test"], default="valid")
     p.add_argument("--tgt-len", type=int, metavar="N", help="target (segment) length (default: the run's)")
     # Not an argparse mutually exclusive group: its usage + error is two lines; evaluate_run refuses both in one.
@@ -306,7 +307,9 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--mem-mult", type=float, metavar="m", help="memory length = m x target length")
     p.add_argument("--clamp-len", type=int, metavar="C", help="clamp relative distances beyond C")
     p.add_argument("--same-length", action="store_true", default=None, help="every query sees as many keys")
-    p.add_argument("--json", metavar="PATH", help="where to write the JSON (default RUN_DIR/eval/...)")
+    p.add_argument("--json", metavar="PATH",
+                   help="where to write the JSON (default RUN_DIR/eval/...; an export folder: only with --json)")
+    p.add_argument("--data", metavar="DATA_DIR", help="the prepared data (default: the config's data.path)")
     p.add_argument("--lanes", type=int, metavar="B", help="lanes per rank (default data.eval_batch_size)")
     # The deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment says the same.
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
@@ -321,16 +324,16 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     result = evaluate_run(args.run_dir, split=args.split, tgt_len=args.tgt_len, mem_len=args.mem_len,
                           mem_mult=args.mem_mult, clamp_len=args.clamp_len, same_length=args.same_length,
-                          lanes=args.lanes, json_path=args.json)
+                          lanes=args.lanes, json_path=args.json, data_dir=args.data)
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result: print it once
         print(json.dumps(result))
     return 0
 
 
 def _add_generate(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("generate", help="sample text from a run's latest checkpoint with its memory carried "
-                            "across segments, streamed to stdout")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = commands.add_parser("generate", help="sample text from a run's latest checkpoint (or an export folder) with "
+                            "its memory carried across segments, streamed to stdout")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, or an export folder (`memlm export`)")
     p.add_argument("--prompt", metavar="TEXT", help="the text to continue")
     p.add_argument("--prompt-file", metavar="F", help="read the prompt from a UTF-8 file instead")
     p.add_argument("--tokens", type=int, default=100, metavar="T", help="tokens to sample (default 100)")
@@ -346,6 +349,22 @@ def _run_generate(args: argparse.Namespace) -> int:
     from memlm.trainer.inference import generate
 
     return generate.main(args)
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("export", help="write a run's latest weights as safetensors with its config, tokenizer "
+                            "and a model card: a folder for `memlm generate/eval DIR` and memlm.load_pretrained")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="DIR", help="the export folder (new or empty)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights' precision (default fp32)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from memlm.trainer.checkpoint import export
+
+    return export.main(args)
 
 
 def _add_analyze(commands: argparse._SubParsersAction) -> None:

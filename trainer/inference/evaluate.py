@@ -8,8 +8,9 @@ batches on every rank, so the loop below needs no end-of-data agreement: each ra
 count in float64 and one all-reduce adds them. Memory is emptied by the model wherever `reset` is true (a new
 document), so a document's score does not depend on which lane, rank or neighbour it was read with.
 
-Weights come from trainer/checkpoint/weights.py (any world size and ZeRO stage). Memory length is configuration
-only, so the same weights load strictly at any --mem-len.
+Weights come from trainer/checkpoint/weights.py (any world size and ZeRO stage), or from an export folder's
+safetensors (trainer/checkpoint/pretrained.py; its data: config.yaml's data.path, or data_dir / --data). Memory
+length is configuration only, so the same weights load strictly at any --mem-len.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from memlm.models import build_model, map_memory
 from memlm.models.config import ConfigError
+from memlm.trainer.checkpoint import pretrained
 from memlm.trainer.checkpoint.store import find_checkpoint, step_of
 from memlm.trainer.checkpoint.weights import load_weights
 from memlm.trainer.config.run_config import RunConfig, eval_model_config, load_config, override_config
@@ -146,24 +148,41 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
     if lanes is not None and lanes < 1:
         raise ConfigError(f"--lanes must be >= 1, got {lanes}")
     cfg = resolve_eval_config(run_dir, split, tgt_len, mem_len, mem_mult, clamp_len, same_length)
-    ckpt_dir, tag = find_checkpoint(run_dir, tag)
+    export = pretrained.read_export(run_dir) if pretrained.is_export(run_dir) else None
+    if export is None:
+        ckpt_dir, tag = find_checkpoint(run_dir, tag)
     data_dir = Path(data_dir or cfg.data.path)
-    manifest = load_manifest(data_dir)  # DataError naming the folder when it is missing
+    try:
+        manifest = load_manifest(data_dir)  # DataError naming the folder when it is missing
+    except DataError as exc:
+        if export is None:
+            raise
+        # An export travels without its data: say how to point it at a copy.
+        raise DataError(f"{exc}; or give the export its data with --data DATA_DIR") from None
     if split not in manifest.get("splits", {}):
         raise DataError(f"{data_dir} has no split {split!r} (it has: {', '.join(manifest.get('splits', {}))})")
     mcfg = eval_model_config(cfg)
+    if export is not None:
+        pretrained.check_data_tokenizer(export, manifest, data_dir)
     check_vocab_size(manifest, mcfg.vocab_size)
 
     prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
     with evaluation_group() as (rank, world_size, device):
-        model = build_model(mcfg)
-        model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
+        if export is not None:
+            model = pretrained.build_export_model(export, mcfg)
+        else:
+            model = build_model(mcfg)
+            model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
         model.to(device)
         result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
                           rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
                           progress=progress, accuracy=is_task(manifest))
-    result["step"] = step_of(tag)
-    if rank == 0:
+    result["step"] = export.step if export is not None else step_of(tag)
+    if rank == 0 and export is not None:
+        # An export folder is a finished artifact (maybe read-only, maybe shared): its results go where --json says.
+        if json_path:
+            write_json(result, Path(json_path))
+    elif rank == 0:
         path = Path(json_path) if json_path else (
             run_dir / "eval" / f"{split}-step{result['step']}-tgt{result['tgt_len']}-mem{result['mem_len']}.json")
         write_json(result, path)

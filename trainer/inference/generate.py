@@ -2,6 +2,7 @@
 
     from .generate import Generator
     gen = Generator.from_run("runs/demo/runs/lamemo")                  # config + latest checkpoint + tokenizer
+    gen = Generator.from_run("exports/lamemo")                         # or an export folder (`memlm export`)
     text = gen.generate("def main(", tokens=200, top_p=0.9, seed=0)    # the continuation
     for piece in gen.stream("def main(", tokens=200): print(piece, end="", flush=True)
 
@@ -53,11 +54,13 @@ from memlm.models.decoders import make_decoder
 
 def load_run_model(run_dir: str | os.PathLike, mem_len: int | None = None, tag: str | None = None,
                    device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Tokenizer, object]:
-    """(model in eval mode, the data's tokenizer, the resolved RunConfig) of RUN_DIR's checkpoint.
+    """(model in eval mode, the data's tokenizer, the resolved RunConfig) of RUN_DIR's checkpoint, or of an export
+    folder (`memlm export`: its safetensors weights and tokenizer files; no data folder needed).
 
     mem_len: another memory length than the run's (memory length is configuration only). User mistakes (no run
     folder, no checkpoint, data moved) raise ConfigError / DataError with one line."""
     from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+    from memlm.trainer.checkpoint import pretrained
     from memlm.trainer.checkpoint.store import find_checkpoint
     from memlm.trainer.checkpoint.weights import load_weights
     from memlm.trainer.config.run_config import eval_model_config
@@ -66,6 +69,10 @@ def load_run_model(run_dir: str | os.PathLike, mem_len: int | None = None, tag: 
 
     run_dir = Path(run_dir)
     cfg = resolve_eval_config(run_dir, "test", None, mem_len, None, None, None)
+    if pretrained.is_export(run_dir):
+        info = pretrained.read_export(run_dir)
+        model = pretrained.build_export_model(info, eval_model_config(cfg))
+        return model.eval().to(device), pretrained.load_export_tokenizer(info), cfg
     ckpt_dir, tag = find_checkpoint(run_dir, tag)
     mcfg = eval_model_config(cfg)
     data_dir = Path(cfg.data.path)

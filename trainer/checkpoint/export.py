@@ -1,0 +1,159 @@
+"""`memlm export RUN_DIR --out DIR`: a run's latest weights as a folder that leaves memlm's training setup.
+
+The weights come from trainer/checkpoint/weights.py (any ZeRO stage and world size, fp32), are loaded strictly into
+the model that the run's config builds (so a folder is never written for weights that do not fit), and are saved as
+safetensors in fp32 or bf16, next to the config, the tokenizer files and a model card; pretrained.py says what the
+folder holds and reads it back. The folder is written aside and renamed into place, the marker last, so an
+interrupted export leaves no half folder under the name; --overwrite replaces an earlier export only, never a folder
+of other files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .model_card import eval_results, model_card
+from .pretrained import (
+    ALIASES_KEY,
+    CARD,
+    CONFIG,
+    DTYPES,
+    EXPORT_FORMAT,
+    MARKER,
+    TOKENIZER_DIR,
+    WEIGHTS,
+    ExportError,
+    is_export,
+)
+
+
+def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = "fp32", overwrite: bool = False,
+               tag: str | None = None) -> Path:
+    """Write the export folder `out` from RUN_DIR's checkpoint (`tag`, default the `latest` one); returns `out`."""
+    from memlm.data_pipeline.shards import load_manifest
+    from memlm.data_pipeline.tokenizers import load_tokenizer
+    from memlm.models import build_model
+    from memlm.trainer.config.run_config import load_config
+
+    from .store import find_checkpoint, read_meta, step_of
+    from .weights import load_weights
+
+    run_dir, out = Path(run_dir), Path(out)
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: give one of {', '.join(DTYPES)}")
+    if is_export(run_dir):
+        raise ExportError(f"{run_dir} is already an export folder: copy it, or export its run folder")
+    config_path = run_dir / CONFIG
+    if not config_path.is_file():
+        raise ExportError(f"{config_path} is missing: {run_dir} is not a run folder written by `memlm train`")
+    check_out(out, overwrite)
+    cfg = load_config(config_path)
+    ckpt_dir, tag = find_checkpoint(run_dir, tag)
+    meta = read_meta(ckpt_dir, tag) if (ckpt_dir / tag / "meta.json").is_file() else {}
+    data_dir = Path(cfg.data.path)
+    manifest = load_manifest(data_dir)
+    tokenizer = load_tokenizer(data_dir / manifest["tokenizer"].get("path", TOKENIZER_DIR))
+    trained_with = (meta.get("tokenizer") or {}).get("sha256")
+    if trained_with and trained_with != tokenizer.identity()["sha256"]:
+        raise ExportError(f"{data_dir} now holds another tokenizer than {ckpt_dir / tag} was trained with (sha256 "
+                          f"{tokenizer.identity()['sha256'][:12]}, trained {trained_with[:12]}): point data.path in "
+                          f"{config_path} at the run's data")
+
+    model = build_model(cfg.model)
+    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)  # refuses weights that do not fit the config
+    tensors, aliases = stored_tensors(model.state_dict(), DTYPES[dtype])
+    step = step_of(tag)
+    marker = {
+        "format": EXPORT_FORMAT, "arch": cfg.model.arch, "dtype": dtype, "vocab_size": cfg.model.vocab_size,
+        "parameters": sum(t.numel() for t in tensors.values()), "step": step, "checkpoint": tag,
+        "source_run": str(run_dir.resolve()), "tokenizer": tokenizer.identity(),
+        "evaluations": eval_results(run_dir, step),
+    }
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        from safetensors.torch import save_file
+
+        metadata = {"format": "pt", "memlm": EXPORT_FORMAT, "arch": cfg.model.arch, "dtype": dtype,
+                    "vocab_size": str(cfg.model.vocab_size), ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
+        save_file(tensors, str(tmp / WEIGHTS), metadata=metadata)
+        shutil.copyfile(config_path, tmp / CONFIG)  # exactly what the run trained with
+        tokenizer.save(tmp / TOKENIZER_DIR)
+        (tmp / CARD).write_text(model_card(cfg, marker, manifest, weights_bytes=(tmp / WEIGHTS).stat().st_size),
+                                encoding="utf-8")
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an --out that holds files, unless --overwrite and it is an earlier export (nothing else is deleted)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file: name a folder")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held:
+        return
+    shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+    if not overwrite:
+        raise ExportError(f"--out {out} already holds {len(held)} file(s) ({shown}): choose an empty or new folder, "
+                          "or pass --overwrite to replace an earlier export")
+    if not is_export(out):
+        raise ExportError(f"--out {out} holds files ({shown}) and is not a memlm export, so --overwrite will not "
+                          "delete them: choose an empty or new folder")
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """Put the finished folder `tmp` at `out` (an earlier export there is removed only once the new one is in)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def stored_tensors(state: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[dict[str, torch.Tensor],
+                                                                                  dict[str, str]]:
+    """(name -> tensor to store, name -> stored name for tied tensors). Floating tensors are cast to `dtype`.
+
+    safetensors refuses tensors that share memory; a tied tensor (the softmax head reusing the embedding) is the
+    same tensor under two names, so it is stored once and its other name recorded; a partial overlap is copied."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        out = tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()
+        tensors[name] = out.contiguous().clone()  # its own memory: no overlap with another stored tensor
+    return tensors, aliases
+
+
+def main(args) -> int:
+    """The command: export, then one line per file with its size."""
+    import contextlib
+    import sys
+
+    # DeepSpeed (imported to read the checkpoint) logs to the stdout it finds at import: keep stdout for the listing.
+    with contextlib.redirect_stdout(sys.stderr):
+        out = export_run(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    marker = json.loads((out / MARKER).read_text())
+    print(f"{out}: {marker['arch']} at step {marker['step']}, {marker['parameters']:,} parameters, {args.dtype}")
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(out)}  {path.stat().st_size:,} bytes")
+    return 0
+
