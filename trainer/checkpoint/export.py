@@ -84,6 +84,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = 
         metadata = {"format": "pt", "memlm": EXPORT_FORMAT, "arch": cfg.model.arch, "dtype": dtype,
                     "vocab_size": str(cfg.model.vocab_size), ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
         save_file(tensors, str(tmp / WEIGHTS), metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp / WEIGHTS, 0o666 & ~umask)  # safetensors creates 0600; a file to hand on reads as its neighbours
         shutil.copyfile(config_path, tmp / CONFIG)  # exactly what the run trained with
         tokenizer.save(tmp / TOKENIZER_DIR)
         (tmp / CARD).write_text(model_card(cfg, marker, manifest, weights_bytes=(tmp / WEIGHTS).stat().st_size),
