@@ -189,6 +189,8 @@ class PeerWatch:
         failed = {r: cause for r, cause in failed.items() if cause}
         causes = "; ".join(f"rank {r} ({self._host_of(r)}) failed: {cause}" for r, cause in sorted(failed.items()))
         self._speaker = min((r for r in range(self.world_size) if r not in failed), default=self.rank)
+        if "--resume" in causes:  # the cause already says where to resume from (a failed save does)
+            return f"{causes}; every rank of this job ends"
         return f"{causes}; every rank of this job ends ({self.last_checkpoint()})"
 
     def _host_of(self, rank: int) -> str:
