@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(commands)
     _add_compare(commands)
     _add_ui(commands)
+    _add_track(commands)
     return parser
 
 
@@ -489,6 +490,20 @@ def _run_ui(args: argparse.Namespace) -> int:
     from memlm.trainer.tracking import ui
 
     return ui.main(args)
+
+
+def _add_track(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("track", help="log to a run's MLflow run what its folder records and the run lacks "
+                            "(a tracking server that was away); creates the run if it never reached the server")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by `memlm train`")
+    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default: the one the run was tracked in)")
+    p.set_defaults(run=_run_track)
+
+
+def _run_track(args: argparse.Namespace) -> int:
+    from memlm.trainer.tracking import catchup
+
+    return catchup.main(args)
 
 
 def _is_cluster_error(exc: BaseException) -> bool:

@@ -5,8 +5,15 @@
     tracker.log_artifact(run_dir / "config.yaml")
     tracker.finish()                                       # or finish("FAILED"); idempotent
 
-Tracking must never stop training: the first failing MLflow call (server down, database locked, ...) logs one
-warning and the tracker turns into a no-op; metrics.jsonl in the run folder stays the complete record.
+Tracking must never stop training, and nothing is lost when the tracking server is away. A failing MLflow call
+(server down, database locked, ...) logs one warning; what could not be sent stays queued in order (the run's
+creation itself, when the server was down at the start) and is retried at most every RETRY_FIRST_SECONDS, backing
+off to RETRY_MAX_SECONDS, so a dead server costs a training step one fast-failing request now and then (client.py
+bounds each request: no retries, a 10 s timeout). When the server answers again, everything missed is sent in step
+order and the run ends with its status. If it is still away when the run ends, the warning says so and
+`memlm track RUN_DIR` (catchup.py) sends the rest from the run folder later: metrics.jsonl and eval/*.json are the
+record, and STATUS_FILE keeps the status the run ended with.
+
 We use an MlflowClient rather than mlflow.start_run(): no process-global active run, so a Ray worker or a test
 can hold several trackers, and nothing the trainer or a library does with the fluent API interferes.
 """
@@ -19,7 +26,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import IO, Any, NamedTuple, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
@@ -30,11 +37,17 @@ log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
 URI_FILE = "mlflow_tracking_uri"  # ... and the store that run lives in (`memlm eval` logs there from any folder)
+STATUS_FILE = "mlflow_run_status"  # ... and how the run ended (FINISHED/FAILED/KILLED), for `memlm track` later
+LOCK_FILE = ".mlflow_tracker.lock"  # held while a Tracker runs: `memlm track` leaves a training run's folder alone
 FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, docs/design.md §9)
 FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
 MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
 MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
+RETRY_FIRST_SECONDS = 15.0  # after a failure, the next try; each failed retry doubles the wait ...
+RETRY_MAX_SECONDS = 120.0  # ... up to this
+MAX_BATCHES_PER_CALL = 10  # a catch-up sends the backlog over several calls, never one long stall of a step
+MAX_QUEUED_METRICS = 200_000  # ~50 MB; beyond it metrics wait in metrics.jsonl (sent from there on reconnection)
 
 # MLflow 3's UI opens an experiment on its GenAI "Traces" tab unless the experiment says it holds model training:
 # this tag (values "custom_model_development" / "genai_development", the UI's own kind selector) makes it open on
@@ -64,27 +77,44 @@ RUN_ID_CHARS = 6  # of the MLflow run id, appended to a default run name: enough
 
 
 class Tracker:
-    """One MLflow run for one training run folder. Inactive (every method a no-op, run_id None) on ranks
-    other than 0, when tracking is disabled, and after the first MLflow failure."""
+    """One MLflow run for one training run folder. Inactive (every method a no-op, run_id None) on ranks other
+    than 0, when tracking is disabled, and after finish. While the store cannot be reached, calls queue their work
+    (see the module docstring); `connected` says whether the last MLflow call succeeded."""
 
     def __init__(self, cfg: TrackingConfig, run_dir: Path, rank: int, config: RunConfig):
         self.run_id: Optional[str] = None
         self.uri = ""
-        self._client: Any = None  # None: no-op
-        self._metrics: list[Any] = []
+        self._enabled = False
+        self._finished = False
+        self._client: Any = None  # opened once, kept across failures (an HTTP client holds no connection state)
+        self._opened = False  # the run exists in the store, with its params and memlm's tags
+        self._metrics: list[Any] = []  # measured, not yet sent; in step order
+        self._pending: list[tuple[str, tuple]] = []  # tags and artifacts not yet sent, in call order
+        self._gap: Optional[list[int]] = None  # [first, last] step of metrics dropped past MAX_QUEUED_METRICS
         self._calls = 0
-        self._warned = False
         self._last_flush = time.monotonic()
+        self._down_since: Optional[float] = None  # when the current outage began (None: the store answers)
+        self._retry_at = 0.0
+        self._retry_wait = RETRY_FIRST_SECONDS
+        self._lock: Optional[IO[str]] = None
         self._run_dir = Path(run_dir)
         if rank != 0 or not cfg.enabled:
             return
         set_environment()
         self.uri = cfg.resolved_uri()
-        self._guard(self._start, cfg, Path(run_dir), config)
+        self._cfg, self._config, self._enabled = cfg, config, True
+        self._claim_folder()
+        self._send(force=True)
 
     @property
     def active(self) -> bool:
-        return self._client is not None
+        """Rank 0 of a tracked run that has not finished: calls are sent now or queued."""
+        return self._enabled and not self._finished
+
+    @property
+    def connected(self) -> bool:
+        """The run exists in the store and nothing is waiting for it to come back."""
+        return self.active and self._opened and self._down_since is None
 
     # ---------------------------------------------------------------------------------------------------------
     # The trainer's calls
@@ -95,19 +125,26 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)  # when measured, not when flushed
+        batch = []
         for key, value in metrics.items():
             try:
-                self._metrics.append(Metric(key, float(value), now, int(step)))
+                batch.append(Metric(key, float(value), now, int(step)))
             except (TypeError, ValueError):  # a non-number must not cost the whole run's tracking
                 log.debug("tracking: skipping non-numeric metric %s=%r", key, value)
+        if len(self._metrics) + len(batch) > MAX_QUEUED_METRICS:  # whole calls only: a step is queued or not
+            self._gap = [self._gap[0] if self._gap else int(step), int(step)]
+        else:
+            self._metrics.extend(batch)
         self._calls += 1
-        if (self._calls >= FLUSH_EVERY_CALLS or len(self._metrics) >= MAX_BATCH_METRICS
+        # During an outage every call asks whether the retry is due (_send answers at once until it is), so the
+        # backlog goes as soon as the store is back rather than at the next full batch.
+        if (self._calls >= FLUSH_EVERY_CALLS or len(self._metrics) >= MAX_BATCH_METRICS or not self.connected
                 or time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS):
             self.flush()
 
     def flush(self) -> None:
-        if self.active and self._metrics:
-            self._guard(self._flush)
+        if self.active and (self._metrics or self._pending or not self._opened or self._gap):
+            self._send()
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not self.active:
@@ -115,24 +152,35 @@ class Tracker:
         if not Path(path).exists():  # the caller's mistake: skip it, but keep tracking the run
             log.warning("tracking: artifact %s does not exist; not logged", path)
             return
-        self._guard(self._client.log_artifact, self.run_id, str(path), artifact_path)
+        self._pending.append(("artifact", (str(path), artifact_path)))
+        self._send()
 
     def set_tags(self, tags: dict[str, str]) -> None:
         if self.active and tags:
-            self._guard(self._log_tags, {k: str(v) for k, v in tags.items()})
+            self._pending.append(("tags", ({k: str(v) for k, v in tags.items()},)))
+            self._send()
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Send what is buffered and end the run with FINISHED, FAILED or KILLED; later calls do nothing."""
+        """Send what is queued and end the run with FINISHED, FAILED or KILLED; later calls do nothing. A store
+        still away gets one last try; then the warning names `memlm track`, which sends the rest later."""
         if not self.active:
             return
-        self.flush()
-        if self.active:
-            from memlm.trainer.runtime.quiet import prints_into_library_log
+        try:
+            (self._run_dir / STATUS_FILE).write_text(status + "\n")
+        except OSError as exc:  # a full disk must not turn a finished run into a crash here
+            log.warning("tracking: cannot record the run's status in %s (%s)", self._run_dir / STATUS_FILE, exc)
+        from memlm.trainer.runtime.quiet import prints_into_library_log
 
-            # Against a tracking server MLflow prints "View run ... at: URL" lines on stdout here.
-            with prints_into_library_log(self._run_dir):
-                self._guard(self._client.set_terminated, self.run_id, status)
-        self._client = None
+        # Against a tracking server MLflow prints "View run ... at: URL" lines on stdout here.
+        with prints_into_library_log(self._run_dir):
+            sent = self._send(force=True, drain=True) and self._call(self._client.set_terminated, self.run_id, status)
+        if not sent:
+            log.warning(
+                "MLflow tracking at %s is still unreachable as the run ends: %s and the status %s are not logged; "
+                "`memlm track %s` logs them from the run folder once the server is back",
+                _redact(self.uri), self._backlog(), status, self._run_dir)
+        self._finished = True
+        self._release_folder()
 
     def __enter__(self) -> "Tracker":
         return self
@@ -146,88 +194,177 @@ class Tracker:
     # ---------------------------------------------------------------------------------------------------------
     # Internals
 
-    def _guard(self, fn, *args) -> None:
-        """Run one MLflow call; on any failure warn once and go no-op for the rest of the run."""
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "MLflow tracking at %s failed (%s); tracking is off for the rest of this run, "
-                    "metrics.jsonl in the run folder stays complete", _redact(self.uri), error_reason(exc))
-            self._client = None
-            self._metrics.clear()
-
-    def _start(self, cfg: TrackingConfig, run_dir: Path, config: RunConfig) -> None:
-        from mlflow.exceptions import MlflowException
+    def _claim_folder(self) -> None:
+        """Record the store before any MLflow call (so `memlm track` finds it even if no call ever succeeds), forget
+        how an earlier run in this folder ended (this one is running), and hold LOCK_FILE while it runs."""
+        import fcntl
 
         from memlm.trainer.runtime.quiet import route_library_loggers
 
-        # After mlflow's import (which sets its loggers up) and before the store is opened: "Creating initial
-        # MLflow database tables" and the migrations' INFO lines go to RUN_DIR/library.log.
-        route_library_loggers(run_dir)
-        client = open_client(self.uri)
-        id_file = run_dir / RUN_ID_FILE
-        old_params: dict[str, str] = {}
-        run_id = id_file.read_text().strip() if id_file.is_file() else ""
-        if run_id:
-            try:
-                old_params = client.get_run(run_id).data.params
-                client.update_run(run_id, status="RUNNING")  # reopen a FINISHED/FAILED/KILLED run
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                    raise
-                log.info("tracking: run %s from %s is not in %s; starting a new run", run_id, id_file, self.uri)
-                run_id = ""
-        if not run_id:
-            experiment_id = ensure_experiment(cfg, client)
-            # mlflow.parentRunId is how the MLflow UI nests a sweep's trials under the sweep run.
-            nest = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
-            label = cfg.run_name or default_run_label(str(config.model.arch), run_dir)
-            run_id = client.create_run(experiment_id, run_name=label, tags=nest).info.run_id
-            if not cfg.run_name:  # the id exists only now; a name the user chose stays as given
-                client.update_run(run_id, name=f"{label}-{run_id[:RUN_ID_CHARS]}")
-            run_dir.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(run_id + "\n")
-            (run_dir / URI_FILE).write_text(self.uri + "\n")
-        self.run_id, self._client = run_id, client
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        (self._run_dir / STATUS_FILE).unlink(missing_ok=True)
+        uri_file = self._run_dir / URI_FILE
+        if not uri_file.is_file() or uri_file.read_text().strip() != self.uri:
+            uri_file.write_text(self.uri + "\n")
+        self._lock = open(self._run_dir / LOCK_FILE, "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            log.debug("tracking: %s is held by another process", self._run_dir / LOCK_FILE)
+        import mlflow  # noqa: F401 - loaded first: its import replaces the handlers of its loggers
 
-        params = {key: _param_value(value) for key, value in flatten(config).items()}
-        # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps
-        # the first values and says so, rather than failing and losing tracking.
-        changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
-        if changed:
-            log.warning("tracking: resumed run %s keeps its first values of changed params %s", run_id, changed)
-        params = {k: v for k, v in params.items() if k not in old_params}
-        from mlflow.entities import Param
+        # Before the store is opened: "Creating initial MLflow database tables" and the migrations' INFO lines go to
+        # RUN_DIR/library.log.
+        route_library_loggers(self._run_dir)
 
-        items = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(items), MAX_BATCH_PARAMS):
-            client.log_batch(run_id, params=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
-        revision = git_revision()
-        self._log_tags({
-            "arch": str(config.model.arch),
-            "git_revision": revision,
-            "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
-            "run_dir": str(run_dir.resolve()),
-            # bytes: a token is a byte, so bits per token are bits per character (bpc); not for words or pieces.
-            "tokenizer": tokenizer_kind(config.data.path),
-        })
+    def _release_folder(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the lock
+            self._lock = None
 
-    def _log_tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
+    def _send(self, force: bool = False, drain: bool = False) -> bool:
+        """Deliver what is queued: the run first (created when the store was away at the start), then tags and
+        artifacts, then metrics. Returns whether everything went. During an outage only one try per retry wait
+        (force: try now); each call sends at most MAX_BATCHES_PER_CALL metric batches unless `drain`."""
+        if self._down_since is not None and not force and time.monotonic() < self._retry_at:
+            return False
+        try:
+            if self._client is None:
+                self._client = open_client(self.uri)
+            if not self._opened:
+                self.run_id = open_run(self._client, self.uri, self._cfg, self._run_dir, self._config)
+                self._opened = True
+            while self._pending:
+                kind, args = self._pending[0]
+                if kind == "tags":
+                    log_tags(self._client, self.run_id, args[0])
+                elif Path(args[0]).exists():  # an artifact removed meanwhile (a resume's rewind) is not an error
+                    self._client.log_artifact(self.run_id, *args)
+                del self._pending[0]
+            self._flush_metrics(None if drain else MAX_BATCHES_PER_CALL)
+            if self._gap and not self._metrics:
+                from .catchup import send_missing_metrics
 
-        items = [RunTag(k, v[:MAX_PARAM_VALUE]) for k, v in tags.items()]
-        for i in range(0, len(items), MAX_BATCH_PARAMS):
-            self._client.log_batch(self.run_id, tags=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+                send_missing_metrics(self._client, self.run_id, self._run_dir, self._config, steps=tuple(self._gap))
+                self._gap = None
+        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on
+            self._failed(exc)
+            return False
+        self._retry_at = 0.0  # the store answers: the rest of a backlog goes with the next calls, not a wait later
+        if self._down_since is not None and not self._metrics:
+            log.warning("MLflow tracking at %s answers again after %.0f s: what this run missed is logged to run %s",
+                        _redact(self.uri), time.monotonic() - self._down_since, self.run_id)
+            self._down_since, self._retry_wait = None, RETRY_FIRST_SECONDS
+        return not self._metrics
 
-    def _flush(self) -> None:
-        while self._metrics:
+    def _call(self, fn, *args) -> bool:
+        """One more MLflow call after a successful _send (the run's end): False, and the outage noted, if it fails."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on
+            self._failed(exc)
+            return False
+        return True
+
+    def _failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since, self._retry_wait = now, RETRY_FIRST_SECONDS
+            log.warning("MLflow tracking at %s failed (%s); training goes on and tries again every %.0f-%.0f s, "
+                        "nothing is lost (metrics.jsonl in the run folder stays complete)",
+                        _redact(self.uri), error_reason(exc), RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
+        else:
+            self._retry_wait = min(self._retry_wait * 2, RETRY_MAX_SECONDS)
+        self._retry_at = now + self._retry_wait
+
+    def _backlog(self) -> str:
+        parts = [] if self._opened else ["the run itself (its params and tags)"]
+        steps = sorted({m.step for m in self._metrics})
+        if steps:
+            parts.append(f"{len(self._metrics)} metric values of steps {steps[0]}-{steps[-1]}")
+        if self._gap:
+            parts.append(f"the metrics of steps {self._gap[0]}-{self._gap[1]}")
+        artifacts = sum(1 for kind, _ in self._pending if kind == "artifact")
+        if artifacts:
+            parts.append(f"{artifacts} artifact{'s' if artifacts != 1 else ''}")
+        return ", ".join(parts) or "nothing else"
+
+    def _flush_metrics(self, max_batches: Optional[int]) -> None:
+        sent = 0
+        while self._metrics and (max_batches is None or sent < max_batches):
             batch = self._metrics[:MAX_BATCH_METRICS]
+            # A retried batch carries the same timestamps: MLflow's stores keep one row per (key, step, timestamp,
+            # value), so a batch that reached the store before its answer was lost adds nothing the second time.
             self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
             del self._metrics[:len(batch)]
-        self._calls, self._last_flush = 0, time.monotonic()
+            sent += 1
+        if not self._metrics:
+            self._calls, self._last_flush = 0, time.monotonic()
+
+
+def open_run(client: Any, uri: str, cfg: TrackingConfig, run_dir: Path, config: RunConfig, *,
+             reopen: bool = True) -> str:
+    """The id of RUN_DIR's MLflow run in `client`'s store (RUN_ID_FILE's run, else a new one), with the config's
+    params it lacks and memlm's tags logged. Every step is safe to repeat after a failure: a new run's id goes to
+    RUN_ID_FILE at once, so a retry finds it rather than creating a second run. reopen: mark the run RUNNING (a
+    training continues it), rather than leave its status (`memlm track`)."""
+    from mlflow.exceptions import MlflowException
+
+    id_file = run_dir / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else ""
+    run = None
+    if run_id:
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            log.info("tracking: run %s from %s is not in %s; starting a new run", run_id, id_file, _redact(uri))
+    label = cfg.run_name or default_run_label(str(config.model.arch), run_dir)
+    if run is None:
+        experiment_id = ensure_experiment(cfg, client)
+        # mlflow.parentRunId is how the MLflow UI nests a sweep's trials under the sweep run.
+        nest = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
+        run = client.create_run(experiment_id, run_name=label, tags=nest)
+        run_id = run.info.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run_id + "\n")
+        (run_dir / URI_FILE).write_text(uri + "\n")
+    elif reopen:
+        client.update_run(run_id, status="RUNNING")  # reopen a FINISHED/FAILED/KILLED run
+    if not cfg.run_name and run.info.run_name == label:  # the id exists only now; a name the user chose stays
+        client.update_run(run_id, name=f"{label}-{run_id[:RUN_ID_CHARS]}")
+
+    old_params = run.data.params
+    params = {key: _param_value(value) for key, value in flatten(config).items()}
+    # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps
+    # the first values and says so, rather than failing and losing tracking.
+    changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
+    if changed:
+        log.warning("tracking: resumed run %s keeps its first values of changed params %s", run_id, changed)
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items() if k not in old_params]
+    for i in range(0, len(items), MAX_BATCH_PARAMS):
+        client.log_batch(run_id, params=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
+    revision = git_revision()
+    log_tags(client, run_id, {
+        "arch": str(config.model.arch),
+        "git_revision": revision,
+        "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
+        "run_dir": str(run_dir.resolve()),
+        # bytes: a token is a byte, so bits per token are bits per character (bpc); not for words or pieces.
+        "tokenizer": tokenizer_kind(config.data.path),
+    })
+    return run_id
+
+
+def log_tags(client: Any, run_id: str, tags: dict[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, str(v)[:MAX_PARAM_VALUE]) for k, v in tags.items()]
+    for i in range(0, len(items), MAX_BATCH_PARAMS):
+        client.log_batch(run_id, tags=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
 
 
 def ensure_experiment(cfg: TrackingConfig, client: Any = None, view: RunsView | None = TRAINING_VIEW) -> str:

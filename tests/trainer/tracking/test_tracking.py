@@ -169,44 +169,62 @@ def test_other_ranks_and_disabled_write_nothing(tmp_path, rank, enabled):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
 
 
-def test_unreachable_server_warns_once_and_goes_quiet(tmp_path, caplog):
+def test_unreachable_server_warns_once_queues_and_says_how_to_catch_up(tmp_path, caplog):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     cfg = make_config(uri)
+    run_dir = tmp_path / "run"
     start = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        tracker = Tracker(cfg.tracking, tmp_path / "run", 0, cfg)
+        tracker = Tracker(cfg.tracking, run_dir, 0, cfg)
         for step in range(3 * tracking.FLUSH_EVERY_CALLS):
             tracker.log_metrics(step, {"loss": 1.0})
-        tracker.log_artifact(tmp_path / "missing.txt")
         tracker.set_tags({"a": "b"})
         tracker.finish("FAILED")
     assert time.monotonic() - start < 5
-    warnings = [r for r in caplog.records
+    warnings = [r.getMessage() for r in caplog.records
                 if r.name == "memlm.trainer.tracking.tracker" and r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    # The reason in words, not the request URL and urllib3's repr cut at 300 characters.
-    assert warnings[0].getMessage() == (f"MLflow tracking at {uri} failed (cannot reach the server: Connection "
-                                        "refused); tracking is off for the rest of this run, metrics.jsonl in the "
-                                        "run folder stays complete")
-    assert not tracker.active and tracker.run_id is None
+    # The reason in words, not the request URL and urllib3's repr cut at 300 characters; then, as the run ends,
+    # what is still missing and the command that sends it.
+    assert warnings == [
+        f"MLflow tracking at {uri} failed (cannot reach the server: Connection refused); training goes on and tries "
+        f"again every {tracking.RETRY_FIRST_SECONDS:.0f}-{tracking.RETRY_MAX_SECONDS:.0f} s, nothing is lost "
+        "(metrics.jsonl in the run folder stays complete)",
+        f"MLflow tracking at {uri} is still unreachable as the run ends: the run itself (its params and tags), "
+        f"{3 * tracking.FLUSH_EVERY_CALLS} metric values of steps 0-{3 * tracking.FLUSH_EVERY_CALLS - 1} and the "
+        f"status FAILED are not logged; `memlm track {run_dir}` logs them from the run folder once the server is back"]
+    assert not tracker.connected and tracker.run_id is None
+    # The run folder says where the run belongs and how it ended, for `memlm track`.
+    assert (run_dir / tracking.URI_FILE).read_text().strip() == uri
+    assert (run_dir / tracking.STATUS_FILE).read_text().strip() == "FAILED"
+    assert not (run_dir / RUN_ID_FILE).exists()
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
 
 
-def test_failure_mid_run_warns_once(tmp_path, monkeypatch, caplog):
+def test_failure_mid_run_warns_once_then_catches_up(tmp_path, monkeypatch, caplog):
+    """A store that fails for a while (here: a locked database) loses nothing: the metrics queued meanwhile go, in
+    step order and once each, when it answers again."""
     cfg = make_config(f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker = Tracker(cfg.tracking, tmp_path / "run", 0, cfg)
+    monkeypatch.setattr(tracking, "RETRY_FIRST_SECONDS", 0.0)  # try again at every call
+    original = MlflowClient.log_batch
 
     def broken(*args, **kwargs):
         raise RuntimeError("database is locked")
 
     monkeypatch.setattr(MlflowClient, "log_batch", broken)
+    steps = 3 * tracking.FLUSH_EVERY_CALLS
     with caplog.at_level(logging.WARNING):
-        for step in range(3 * tracking.FLUSH_EVERY_CALLS):
-            tracker.log_metrics(step, {"loss": 1.0})
+        for step in range(steps):
+            tracker.log_metrics(step, {"loss": float(step)})
+        assert not tracker.connected
+        monkeypatch.setattr(MlflowClient, "log_batch", original)
+        tracker.log_metrics(steps, {"loss": float(steps)})
         tracker.finish()
-    warnings = [r for r in caplog.records if r.name == "memlm.trainer.tracking.tracker"]
-    assert len(warnings) == 1 and "database is locked" in warnings[0].getMessage()
-    assert not tracker.active
+    warnings = [r.getMessage() for r in caplog.records if r.name == "memlm.trainer.tracking.tracker"]
+    assert len(warnings) == 2 and "database is locked" in warnings[0] and "answers again" in warnings[1], warnings
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    assert metric_values(client, tracker.run_id, "loss") == [(s, float(s)) for s in range(steps + 1)]
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
 
 
 def tracker_experiment(uri: str) -> str:
