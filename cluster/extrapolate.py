@@ -16,7 +16,8 @@ Order of work, and why:
    a task whose worker dies (killed, out of memory) or that raises a transient error is retried --max-retries
    times; a user error (ConfigError/DataError, both ValueError) is not retried: it would fail the same way again;
 4. a task that still fails is reported by (run, m) and reason; the other results are kept and written, and the
-   command exits 1.
+   command exits 1. A node lost mid-run costs its running tasks one attempt each (Ray re-runs them on the other
+   nodes); the summary names the lost nodes and the retried (run, m), summary.json the node of every result.
 Only this package imports ray, and only inside functions (docs/design.md §1).
 """
 
@@ -26,6 +27,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,21 +72,51 @@ def main(args: argparse.Namespace) -> int:
 
     seconds: dict[tuple[str, int], float] = {}
     failures: list[str] = []
+    where = Where()
     if jobs:
-        fresh, seconds, failures = run_on_ray(jobs, args)
+        fresh, seconds, failures, where = run_on_ray(jobs, args)
         results.update(fresh)
-    return finish(args, runs, mults, out, results, seconds, failures, client, experiment_id, uri)
+    return finish(args, runs, mults, out, results, seconds, failures, client, experiment_id, uri, where)
+
+
+@dataclass
+class Where:
+    """Where the evaluations ran: the node of each fresh result, the attempt that gave it (0: the first; more:
+    Ray retried it after its worker or node was lost, or after a transient error) and the nodes lost meanwhile."""
+
+    nodes: dict[tuple[str, int], str] = field(default_factory=dict)
+    attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """The summary's lines about lost nodes and retried evaluations (none when nothing was retried)."""
+        from .ray_runtime import short_node
+
+        lines = []
+        if self.lost:
+            names = ", ".join(f"{short_node(n)} ({addr})" for n, addr in sorted(self.lost.items()))
+            kept = sum(node in self.lost for node in self.nodes.values())
+            lines.append(f"lost {len(self.lost)} node(s) during the run: {names}; {kept} result(s) finished there "
+                         "before are kept, the evaluations under way there were retried on the other nodes")
+        retried = sorted(key for key, attempt in self.attempts.items() if attempt)
+        if retried:
+            parts = [f"{name} m={m} (attempt {self.attempts[(name, m)] + 1}, on node "
+                     f"{short_node(self.nodes.get((name, m), ''))})" for name, m in retried]
+            lines.append(f"{len(retried)} evaluation(s) retried and finished: {', '.join(parts)}")
+        return lines
 
 
 def run_on_ray(jobs: list[Job], args: argparse.Namespace
-               ) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], float], list[str]]:
-    """Submit every job, collect as they finish. Returns (results, seconds, failure lines), keyed (run name, m)."""
+               ) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], float], list[str], Where]:
+    """Submit every job, collect as they finish. Returns (results, seconds, failure lines, where they ran), keyed
+    (run name, m)."""
     import ray
 
     from .extrapolate_task import evaluate_task
-    from .ray_runtime import ray_session
+    from .ray_runtime import dead_nodes, lost_since, ray_session, short_node
 
     results: dict[tuple[str, int], dict] = {}
+    where = Where()
     seconds: dict[tuple[str, int], float] = {}
     failures: list[str] = []
     with ray_session(args.address, args.num_cpus):
@@ -92,6 +124,7 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
             from .ray_runtime import connected_resources
 
             _refuse_unless_tasks_fit(args, connected_resources(), f"the Ray cluster at {args.address} has")
+        dead_before = dead_nodes()  # a cluster remembers nodes that died before this command
         task = ray.remote(evaluate_task)
         # Ray sets CUDA_VISIBLE_DEVICES per task (empty without GPUs), so evaluation picks CUDA exactly when the
         # task was given a GPU.
@@ -120,6 +153,8 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
                         continue
                     results[key] = _keep(job, reply["result"])
                     seconds[key] = reply["seconds"]
+                    where.nodes[key] = reply.get("node_id", "")
+                    where.attempts[key] = reply.get("attempt", 0)
                     done = len(results) + len(failures)
                     elapsed = time.perf_counter() - start
                     tokens += int(reply["result"].get("tokens", 0))
@@ -127,21 +162,34 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
                     eta = format_duration(elapsed / done * (len(jobs) - done))
                     print(f"[{done}/{len(jobs)} {elapsed:6.1f} s, eta {eta}] {job.run.name} m={job.m} "
                           f"(memory {job.mem_len}): {args.split} ppl {results[key]['ppl']:.4g} "
-                          f"in {reply['seconds']:.1f} s; {tokens:,} tokens evaluated", flush=True)
+                          f"in {reply['seconds']:.1f} s{_on_node(where, key, short_node)}; {tokens:,} tokens "
+                          "evaluated", flush=True)
         except BaseException:
             # Ctrl-C (or a driver error): do not leave tasks running on a cluster we do not own.
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
-    return results, seconds, failures
+        where.lost = lost_since(dead_before)
+    return results, seconds, failures, where
 
 
-def finish(args, runs, mults, out: Path, results, seconds, failures, client, experiment_id: str, uri: str) -> int:
+def _on_node(where: Where, key: tuple[str, int], short_node) -> str:
+    """" on node 1a2b3c4d" (", retry 1" added for a retried task) for a progress line; "" outside a cluster."""
+    node = where.nodes.get(key)
+    if not node:
+        return ""
+    attempt = where.attempts.get(key, 0)
+    return f" on node {short_node(node)}" + (f", retry {attempt}" if attempt else "")
+
+
+def finish(args, runs, mults, out: Path, results, seconds, failures, client, experiment_id: str, uri: str,
+           where: Where) -> int:
     """Summary, CSV, plot, MLflow, the table; exit status 1 when some (run, m) failed."""
     from .extrapolate_mlflow import log_run
     from .extrapolate_outputs import build_summary, table, write_outputs
 
-    summary = build_summary(runs, mults, args.split, args.tgt_len, results, seconds)
+    summary = build_summary(runs, mults, args.split, args.tgt_len, results, seconds, where.nodes)
+    summary["lost_nodes"] = sorted(where.lost)
     paths = write_outputs(out, summary)
     try:
         for run in runs:
@@ -152,6 +200,8 @@ def finish(args, runs, mults, out: Path, results, seconds, failures, client, exp
         raise ClusterError(f"results are in {out}, but logging them to MLflow at {uri} failed ({error_reason(exc)}); "
                            "rerun the same command to log them (finished results are reused)") from None
     print(table(summary))
+    for line in where.lines():
+        print(f"extrapolate: {line}")
     print(f"extrapolate: results in {out} (summary.json, extrapolation.csv, extrapolation.png); MLflow experiment "
           f"{args.experiment!r} at {uri}")
     if failures:

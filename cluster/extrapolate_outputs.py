@@ -26,15 +26,19 @@ SUMMARY = "summary.json"
 CSV = "extrapolation.csv"
 PLOT = "extrapolation.png"
 CSV_FIELDS = ("run", "arch", "step", "m", "split", "tgt_len", "mem_len", "documents", "tokens", "nll", "ppl", "bpc",
-              "eval_seconds", "run_dir")
+              "eval_seconds", "run_dir", "node")
 
 
 def build_summary(runs: list[RunSpec], mults: list[int], split: str, tgt_len: int,
-                  results: dict[tuple[str, int], dict[str, Any]], seconds: dict[tuple[str, int], float]) -> dict:
-    """runs -> results ordered by m. eval_seconds is None for a result reused from disk (not measured now)."""
+                  results: dict[tuple[str, int], dict[str, Any]], seconds: dict[tuple[str, int], float],
+                  nodes: dict[tuple[str, int], str] | None = None) -> dict:
+    """runs -> results ordered by m. eval_seconds is None for a result reused from disk (not measured now), and
+    so is node (the Ray node id that evaluated it; "" where Ray does not say)."""
     body = {}
+    nodes = nodes or {}
     for run in runs:
-        rows = [{"m": m, **results[(run.name, m)], "eval_seconds": seconds.get((run.name, m))}
+        rows = [{"m": m, **results[(run.name, m)], "eval_seconds": seconds.get((run.name, m)),
+                 "node": nodes.get((run.name, m))}
                 for m in mults if (run.name, m) in results]
         body[run.name] = {"run_dir": str(run.run_dir), "arch": run.arch, "step": run.step, "checkpoint": run.tag,
                           "missing_m": [m for m in mults if (run.name, m) not in results], "results": rows}

@@ -13,14 +13,15 @@ import socket
 import time
 from typing import Any
 
-from .ray_runtime import clear_launch_env
+from .ray_runtime import clear_launch_env, placement
 
 
 def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: int | None, json_path: str | None,
                   threads: float) -> dict[str, Any]:
     """evaluate_run(run_dir, split, tgt_len, mem_len) as a single process with `threads` torch threads.
 
-    Returns {"result": the §8 eval object, "seconds": evaluation wall time, "host": ..., "pid": ...}.
+    Returns {"result": the §8 eval object, "seconds": evaluation wall time, "host": ..., "pid": ..., and in a Ray
+    task "node_id" and "attempt" (ray_runtime.placement: 1 or more for a retry)}.
     """
     # An extrapolation task is one process by design: a stale WORLD_SIZE > 1 inherited from a driver would make
     # evaluate_run wait for ranks that never come.
@@ -38,11 +39,13 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
 
     prepare_process(cpus=max(1, math.ceil(threads)), who="extrapolate task")
     from memlm.trainer.inference.evaluate import evaluate_run
+    from memlm.trainer.runtime.faults import hold_point
 
+    hold_point("extrapolate", mem_len)  # the tests' MEMLM_TEST_HOLD: lose a node while this task runs there
     start = time.perf_counter()
     # track=False: the driver logs every result to MLflow in one batch per run; parallel tasks writing to the
     # training runs' (often SQLite) store would only contend for its lock.
     result = evaluate_run(run_dir, split=split, tgt_len=tgt_len, mem_len=mem_len, lanes=lanes, json_path=json_path,
                           track=False, progress=False)  # the driver shows the tasks' progress
     return {"result": result, "seconds": time.perf_counter() - start, "host": socket.gethostname(),
-            "pid": os.getpid()}
+            "pid": os.getpid(), **placement()}

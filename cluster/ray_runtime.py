@@ -27,6 +27,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from memlm.trainer.runtime.distributed import loopback_comm_env, loopback_single_process
 
@@ -203,3 +204,41 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
     finally:
         if started:
             ray.shutdown()
+
+
+# -- where work ran, and which nodes a command lost -------------------------------------------------------------
+
+
+def placement() -> dict[str, Any]:
+    """{"node_id", "attempt"} of the Ray task or actor running this code ({} outside Ray): which node did the
+    work, and whether this is a retry (attempt 0 is the first run; Ray re-runs a task lost with its worker or
+    node under the same task id with the next attempt number)."""
+    if "ray" not in sys.modules:  # called in-process (no Ray): never import it just to ask
+        return {}
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    where: dict[str, Any] = {"node_id": ray.get_runtime_context().get_node_id()}
+    try:  # no public API for the attempt number; a Ray without it only loses this detail
+        where["attempt"] = int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
+    except Exception:  # noqa: BLE001
+        pass
+    return where
+
+
+def dead_nodes() -> dict[str, str]:
+    """node id -> address of every node the connected cluster knows as dead (GCS keeps them for a while)."""
+    import ray
+
+    return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if not n.get("Alive", True)}
+
+
+def lost_since(dead_before: dict[str, str]) -> dict[str, str]:
+    """The nodes that died since `dead_before = dead_nodes()` was taken."""
+    return {node: addr for node, addr in dead_nodes().items() if node not in dead_before}
+
+
+def short_node(node_id: str) -> str:
+    """The first 8 hex digits of a node id, as a reader compares them with `ray status` / `ray list nodes`."""
+    return node_id[:8]

@@ -15,7 +15,10 @@ Order of work, and why:
    ~/ray_results. Tune's own lines about an interruption go to SWEEP_DIR/library.log (memlm prints its own).
 5. Table of trials (printed, SWEEP_DIR/trials.csv) with each trial's status, step and metric from its own run
    folder, the best finished trial (printed, SWEEP_DIR/best.json), both logged to the parent run, which then ends
-   FINISHED (KILLED when interrupted, FAILED when no trial produced the metric).
+   FINISHED (KILLED when interrupted, FAILED when no trial produced the metric). On a cluster trials.csv also
+   names the node each trial last ran on (RUN_DIR/nodes.jsonl keeps every attempt's), and the summary names the
+   nodes lost during the sweep and every retried trial: a lost node's finished trials are kept, its running ones
+   continue elsewhere from their checkpoints (max_failures), and the exit status is 0 when every trial finished.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from memlm.trainer.config import presets
 from .errors import ClusterError
 from .sweep_config import Sweep, load_sweep
 from .sweep_tracking import ParentRun, markdown_table, trials_csv
-from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn
+from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn, trial_nodes
 
 TUNE_DIR = "tune"  # Tune's experiment folder inside SWEEP_DIR
 SIGNATURE_FILE = "sweep.json"
@@ -69,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {base} in {sweep_dir}", flush=True)
     parent: ParentRun | None = None
     try:
-        from .ray_runtime import connected_resources, ray_session
+        from .ray_runtime import connected_resources, dead_nodes, lost_since, ray_session
 
         with ray_session(address=args.address, num_cpus=args.num_cpus):
             if args.address:  # a cluster's resources are known once connected; Tune has not started yet
@@ -78,12 +81,14 @@ def main(args: argparse.Namespace) -> int:
             parent = ParentRun(experiment, uri, sweep_dir)
             parent_id = parent.open(sweep.name, _parent_params(sweep))
             print(f"memlm sweep: MLflow experiment '{experiment}', parent run {parent_id} ({uri})", flush=True)
+            dead_before = dead_nodes()  # a cluster remembers nodes that died before this sweep
             trials = _run_tune(sweep, sweep_dir, parent_id, uri, resuming)
+            lost = lost_since(dead_before)
     except BaseException as exc:
         if parent is not None and parent.run_id:
             parent.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", [], None, sweep.file.metric)
         raise
-    return _report(sweep, sweep_dir, trials, parent)
+    return _report(sweep, sweep_dir, trials, parent, lost)
 
 
 def trial_request(sweep: Sweep) -> dict[str, float]:
@@ -305,11 +310,11 @@ def best_row(rows: list[dict], metric: str, mode: str) -> dict | None:
     return pick(scored, key=lambda r: r[metric]) if scored else None
 
 
-def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> int:
+def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun, lost: dict[str, str]) -> int:
     metric, keys = sweep.file.metric, [d.key for d in sweep.space]
     rows = [_trial_row(t, sweep, sweep_dir) for t in sorted(trials, key=lambda t: t.trial_id)]
     parent.settle_children(rows)
-    columns = ["trial_id", "status", *keys, "step", metric, "failures", "mlflow_run_id", "run_dir"]
+    columns = ["trial_id", "status", *keys, "step", metric, "failures", "mlflow_run_id", "run_dir", "node"]
     (sweep_dir / "trials.csv").write_text(trials_csv(rows, columns))
     # Only a trial that ended (ran its steps, or was stopped by the scheduler) can be the best: an interrupted
     # one's metric is from the middle of its run.
@@ -317,13 +322,15 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> i
     ended = sum(r["status"] in ENDED + ("ERROR",) for r in rows)
     unfinished = planned_trials(sweep) - ended  # Tune makes a grid's trials as it goes: some may not exist yet
     errored = [r for r in rows if r["status"] == "ERROR"]
-    print(markdown_table(rows, columns[:-2]), flush=True)
+    print(markdown_table(rows, columns[:-3]), flush=True)
     if best is not None:
         best = {**best, "values": {k: best[k] for k in keys}}
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
         values = " ".join(f"{k}={v}" for k, v in best["values"].items())
         print(f"best: trial {best['trial_id']} {metric}={best[metric]:.4g} at step {best['step']} ({values}); "
               f"run folder {best['run_dir']}", flush=True)
+    for line in retry_lines(rows, lost):
+        print(f"memlm sweep: {line}", flush=True)
     artifacts = [sweep_dir / "sweep.yaml", sweep_dir / "trials.csv", sweep_dir / "best.json"]
     if unfinished > 0:
         parent.finish("KILLED", artifacts, best, metric)
@@ -340,6 +347,30 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun) -> i
     return 0
 
 
+def retry_lines(rows: list[dict], lost: dict[str, str]) -> list[str]:
+    """What the sweep's summary says about failures: the nodes lost while it ran, and every retried trial with
+    where it ran (its run folder's nodes.jsonl) and how it ended."""
+    from .ray_runtime import short_node
+
+    lines = []
+    if lost:
+        names = ", ".join(f"{short_node(node)} ({addr})" for node, addr in sorted(lost.items()))
+        on_lost = [r for r in rows if set(r["nodes"]) & set(lost)]
+        kept = sum(r["nodes"][-1] in lost and r["status"] in ENDED for r in on_lost)
+        moved = sum(r["nodes"][-1] not in lost for r in on_lost)
+        lines.append(f"lost {len(lost)} node(s) during the sweep: {names}; {len(on_lost)} trial(s) had run there: "
+                     f"{kept} finished there (kept), {moved} continued on other nodes from their last checkpoints")
+    retried = [r for r in rows if r["failures"]]
+    if retried:
+        parts = []
+        for r in retried:
+            where = " -> ".join(short_node(n) + (" (lost)" if n in lost else "") for n in r["nodes"])
+            parts.append(f"{r['trial_id']} {r['status']} after {r['failures']} failure(s)"
+                         + (f", nodes {where}" if where else ""))
+        lines.append(f"{len(retried)} trial(s) retried: {'; '.join(parts)}")
+    return lines
+
+
 def _trial_row(trial, sweep: Sweep, sweep_dir: Path) -> dict:
     """One trial as its own run folder records it: step and metric from the folder (Tune's saved last_result
     can lag behind it, or be missing for a trial that a restored sweep found already trained), status from Tune's
@@ -351,6 +382,8 @@ def _trial_row(trial, sweep: Sweep, sweep_dir: Path) -> dict:
     row = {"trial_id": trial.trial_id, "step": last.get("step"), metric: last.get(metric),
            "failures": trial.run_metadata.num_failures,
            "mlflow_run_id": id_file.read_text().strip() if id_file.is_file() else "", "run_dir": str(run_dir)}
+    row["nodes"] = trial_nodes(run_dir)
+    row["node"] = row["nodes"][-1] if row["nodes"] else ""
     row["status"] = trial_status(trial.status, _last_logged_step(run_dir), _planned_steps(sweep, trial.config),
                                  sweep.file.scheduler.type != "none", run_dir)
     row.update({d.key: trial.config.get(d.key) for d in sweep.space})

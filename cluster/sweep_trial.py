@@ -14,11 +14,13 @@ only. Rank 0 therefore sends its rows through a Ray queue to the trial process, 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 TRIALS_DIR = "trials"
+NODES_FILE = "nodes.jsonl"  # in a trial's run folder: one line per attempt, the Ray node it ran on
 
 
 class TuneReporter:
@@ -74,6 +76,7 @@ def trial_fn(config: dict, spec: dict) -> None:
     values["tracking.run_name"] = trial_run_name(arch, spec["name"], trial_id)
     cfg = config_from_dict(spec["base_tree"], values)
     reporter = TuneReporter(spec["metric"], tune.report, last_step=cfg.train.steps)
+    record_attempt(run_dir)
     if spec["workers"] > 1:
         _run_workers(spec, values, run_dir, trial_id, reporter)
     else:
@@ -83,9 +86,45 @@ def trial_fn(config: dict, spec: dict) -> None:
 
         single_process_env()  # one process: its own loopback port, never a driver's MASTER_PORT
         prepare_process(cpus=spec["resources"]["cpus"], who="trial")  # the CPUs Tune reserved for this trial
-        run(cfg, run_dir, resume=True, reporter=reporter)
+        run(cfg, run_dir, resume=True, reporter=_held(reporter))
     _tag_child_run(run_dir, values, spec, trial_id)
     reporter.final(run_folder_result(run_dir, spec["metric"]))  # last: the scheduler may end this process on it
+
+
+def record_attempt(run_dir: Path) -> None:
+    """Append where this attempt of the trial runs to RUN_DIR/nodes.jsonl: on a cluster, which node trained it
+    (trials.csv's node column) and, after a retry, which node it left (a lost node's trials say so)."""
+    import socket
+    import time
+
+    from .ray_runtime import placement
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    row = {**placement(), "host": socket.gethostname(), "pid": os.getpid(), "time": round(time.time(), 3)}
+    with (run_dir / NODES_FILE).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def trial_nodes(run_dir: Path) -> list[str]:
+    """The node id of every attempt of a trial, oldest first (RUN_DIR/nodes.jsonl; [] for none recorded)."""
+    path = run_dir / NODES_FILE
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [json.loads(line).get("node_id", "") for line in lines if line.strip()]
+
+
+def _held(reporter: TuneReporter) -> Callable[[dict], None]:
+    """The reporter, behind the tests' MEMLM_TEST_HOLD point "trial" (trainer/runtime/faults.py): a test holds
+    a trial at a step after its first checkpoint, to lose the node under it. Unset, it is the reporter."""
+    from memlm.trainer.runtime.faults import HOLD_HOOK, hold_point
+
+    if not os.environ.get(HOLD_HOOK):
+        return reporter
+
+    def report(row: dict) -> None:
+        hold_point("trial", int(row.get("step", -1)))
+        reporter(row)
+
+    return report
 
 
 def trial_run_name(arch: str, sweep_name: str, trial_id: str) -> str:

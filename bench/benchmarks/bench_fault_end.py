@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
 from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
+from bench.interrupt import stop_in_one_line  # noqa: E402
 
 CASES = {  # name: (hook environment, overrides, DEEPSPEED_TIMEOUT minutes)
     "exception": ({"MEMLM_TEST_KILL": "error:3:1"}, [], "2"),
@@ -107,4 +108,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_in_one_line(main))

@@ -119,7 +119,10 @@ def script_lines(blocks: list[tuple[str, str]], wikitext: Path, folder: Path) ->
     lines, ran = ["set -euo pipefail"], []
     for i, (kind, code) in enumerate(blocks):
         if kind == "python":
-            path = folder / f"readme_block_{i}.py"
+            # In a folder of their own: `python FILE` puts FILE's folder first on sys.path, and tmp_path holds the
+            # scratch clone, named memlm, which `import memlm` would then find as a bare namespace package.
+            (folder / "readme_blocks").mkdir(exist_ok=True)
+            path = folder / "readme_blocks" / f"readme_block_{i}.py"
             path.write_text(code)
             command = f"python {path}"
         else:

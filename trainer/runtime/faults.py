@@ -17,6 +17,8 @@ import for all of them and a test author finds every point in one list.
     MEMLM_TEST_POISON=STEP:RANK:WHAT,...  "batch": that step's first micro-batch loss is NaN (a corrupted batch);
                                         "param": before that step one weight becomes inf (a corrupted weight,
                                         which no skipped update repairs) (tests/trainer/loop/test_numerical_faults.py).
+    MEMLM_TEST_HOLD=POINT@STEP,...:SECONDS:DIR  wait at a Ray trial's or task's point until the test releases it
+                                        (hold_point below; tests/cluster/test_multinode_ray.py).
 """
 
 from __future__ import annotations
@@ -75,3 +77,34 @@ class Poison:
 
     def loss(self, step: int, micro: int, loss):
         return loss * float("nan") if self.at.get(step) == "batch" and micro == 0 else loss
+
+
+# MEMLM_TEST_HOLD=POINT@STEP[,POINT@STEP...]:SECONDS:DIR  wait at POINT of STEP ("any": every step) until the
+# test releases this process, at most SECONDS: DIR/POINT-STEP-PID.held is written, and its deletion is the release.
+# Set on one Ray node only (`ray start` passes it to that node's workers), it lets a test lose a node while a trial
+# or task is known to be running there (tests/cluster/test_multinode_ray.py). Points: "trial" (at each row a sweep
+# trial reports, STEP its step: cluster/sweep_trial.py), "extrapolate" (as a task starts, STEP its memory length:
+# cluster/extrapolate_task.py).
+HOLD_HOOK = "MEMLM_TEST_HOLD"
+_held: set[tuple[str, int]] = set()  # a process holds once per point and step (a step may report several rows)
+
+
+def hold_point(point: str, step: int) -> None:
+    """Wait here while the HOLD_HOOK file of this point, step and process exists (up to its SECONDS)."""
+    hook = os.environ.get(HOLD_HOOK)
+    if not hook:
+        return
+    where, seconds, folder = hook.split(":", 2)
+    if not any(name == point and at in ("any", str(step)) for name, _, at in (w.partition("@") for w in
+                                                                              where.split(","))):
+        return
+    if (point, step) in _held:
+        return
+    _held.add((point, step))
+    held = os.path.join(folder, f"{point}-{step}-{os.getpid()}.held")
+    with open(held + ".tmp", "w") as f:  # written aside: a watcher never sees a half-written file
+        f.write(f"{point} {step} {os.getpid()}\n")
+    os.replace(held + ".tmp", held)
+    deadline = time.monotonic() + float(seconds)
+    while os.path.exists(held) and time.monotonic() < deadline:
+        time.sleep(0.05)
