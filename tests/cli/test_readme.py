@@ -58,6 +58,8 @@ SKIPPED = {
     "torchrun --nnodes 2": "two nodes, started together (tests/trainer/loop/test_multinode.py runs this form)",
     "deepspeed --hostfile hostfile --no_ssh": "two nodes, started together (tests/trainer/loop/test_multinode.py "
                                               "runs this form)",
+    "ray start": "a Ray cluster's nodes (tests/cluster/test_multinode_ray.py starts two with these commands)",
+    "memlm extrapolate /shared/runs/*": "a Ray cluster (tests/cluster/test_multinode_ray.py runs this form)",
     "memlm ui": "serves until Ctrl-C (tests/trainer/tracking/test_ui.py starts and stops it)",
     "python bench/": "hours of training (tests/bench/test_reproduce.py runs the experiments' smoke versions)",
 }
