@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -77,11 +76,18 @@ def one_case(name: str, data: Path, work: Path) -> dict:
         if ended and "STOP" in hooks.values():  # the frozen node never ends by itself
             break
         time.sleep(0.05)
-    for proc in procs:
+    for proc in procs:  # torchrun starts its ranks in sessions of their own: the frozen rank is killed by name
+        import psutil
+
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            family = []
+        for process in family:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
         proc.wait()
     fault_at = (out / "metrics.jsonl").stat().st_mtime
     lines = [line for log in logs for line in log.read_text().splitlines() if line.startswith("memlm: error:")]

@@ -12,8 +12,6 @@ the cause (trainer/runtime/peer_watch.py). Every launch here is guarded by a wai
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -78,14 +76,28 @@ def two_nodes(launcher: str, data: Path, out: Path, tmp: Path, *, resume: bool =
             time.sleep(0.2)
     finally:
         for proc in procs:  # the lost node, or a hang: every process of the node goes
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(proc.pid)
             proc.wait()
     assert ended, f"neither node ended within {HANG_GUARD_S} s"
     return [{"rc": proc.returncode if rank in ended else None, "output": log.read_text(),
              "seconds": ended.get(rank)} for rank, (proc, log) in enumerate(zip(procs, logs))]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a launcher and every process under it: torchrun starts its ranks in sessions of their own, so a
+    frozen rank outlives a kill of the launcher's process group (each kept 500 MB until the machine restarted)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def weights(run_dir: Path) -> dict:
