@@ -236,11 +236,19 @@ class RelativeLayer(nn.Module):
 def causal_index(n_query: int, n_mem: int, device: torch.device) -> Tensor:
     """Distance slot i - j for queries at positions n_mem + q over keys 0..n_mem+n_query-1: [Q, K] long.
 
-    Future keys (negative distance) get slot 0; they are masked anyway.
+    Future keys (negative distance) are masked, so any slot serves them; each takes its own (`spread_masked`).
     """
     q_pos = torch.arange(n_query, device=device)[:, None] + n_mem
     k_pos = torch.arange(n_mem + n_query, device=device)[None, :]
-    return (q_pos - k_pos).clamp(min=0)
+    return spread_masked(q_pos - k_pos, n_mem + n_query)
+
+
+def spread_masked(slot: Tensor, n_slots: int) -> Tensor:
+    """Slots below 0 (pairs the mask removes) moved into [0, n_slots) one-to-one along a row instead of all onto
+    slot 0: their position gradient is zero, but on a GPU FlexAttention's backward still adds it atomically at
+    the slot, and a whole row's masked pairs adding onto one address serialise. Callers guarantee that every
+    negative slot is above -n_slots."""
+    return torch.where(slot >= 0, slot, slot + n_slots)
 
 
 def causal_allowed(n_query: int, n_mem: int, mem_valid: Tensor, same_length: bool) -> Tensor:

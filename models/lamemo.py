@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings
+from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings, spread_masked
 from .backbone import Backbone
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
@@ -63,7 +63,7 @@ def lookahead_layout(n_mem: int, n_cur: int, key_valid: Tensor) -> tuple[int, Te
     query_pos = torch.arange(n_mem, device=device)[:, None]
     ahead = key_pos - query_pos  # [M, W] p - i
     allowed = (ahead > 0)[None] & key_valid[:, None, start : n_mem + 1]
-    return start, allowed, (ahead - 1).clamp(min=0)
+    return start, allowed, spread_masked(ahead - 1, n_mem)  # M distances 1..M: slots 0..M-1
 
 
 class LaMemo(Backbone):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import relative_encodings
+from .attention import relative_encodings, spread_masked
 from .backbone import Backbone
 from .output import ModelOutput, cut
 from .txl import TXLMemory, last_rows, reset_valid, roll_valid
@@ -100,13 +100,13 @@ def rmt_positions(n_mem_tokens: int, n_tokens: int, mem_len: int, device: torch.
 
     Returns the distinct distances [P] (for relative_encodings) and the [Q, K] slot index for `attend`. Allowed
     pairs never look further right than R - 1 (inside the read or write block), so the list starts at -(R - 1);
-    pairs further right are masked anyway and share slot 0.
+    pairs further right are masked anyway (their slots are spread over the list, `spread_masked`).
     """
     R, M = n_mem_tokens, mem_len
     Q = 2 * R + n_tokens
     distances = torch.arange(-(R - 1), M + Q, device=device)
     dist = (torch.arange(Q, device=device)[:, None] + M) - torch.arange(M + Q, device=device)[None, :]
-    return distances, (dist + R - 1).clamp(min=0)
+    return distances, spread_masked(dist + R - 1, distances.shape[0])
 
 
 class RecurrentMemoryTransformer(Backbone):

@@ -51,8 +51,11 @@ def last_rows(mem: Tensor, h: Tensor, n: int) -> Tensor:
 
 
 def roll_valid(valid: Tensor, n_new: int, mem_len: int) -> Tensor:
-    """Append n_new real positions and keep the last mem_len slots."""
-    return torch.cat([valid, valid.new_ones(valid.shape[0], n_new)], dim=1)[:, valid.shape[1] + n_new - mem_len :]
+    """Append n_new real positions and keep the last mem_len slots, contiguous: a slice of the concatenation has
+    another stride than the state it replaces, and a compiled forward guards on strides (one recompile of the whole
+    model at the second segment)."""
+    rolled = torch.cat([valid, valid.new_ones(valid.shape[0], n_new)], dim=1)[:, valid.shape[1] + n_new - mem_len :]
+    return rolled.contiguous()
 
 
 class TransformerXL(Backbone):

@@ -196,6 +196,14 @@ def run_one(args) -> dict:
     return row
 
 
+PHASE_MARKS = ("fwd", "bwd", "clip", "opt")
+
+
+def is_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or event.name in PHASE_MARKS \
+        or event.name.startswith("Optimizer.")
+
+
 def count_syncs(step) -> dict:
     """Host syncs of one step, with the innermost memlm (or bench) frame of each."""
     sites = collections.Counter()
@@ -218,13 +226,14 @@ def count_syncs(step) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = show
+        torch.cuda.synchronize()  # the work before this step, so that nothing of it is charged here
         torch.cuda.set_sync_debug_mode(1)
         try:
             step()
-            torch.cuda.synchronize()
         finally:
-            torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.set_sync_debug_mode(0)  # before the final synchronize: that one is ours, not the step's
             warnings.showwarning = old
+        torch.cuda.synchronize()
     return {"count": sum(sites.values()), "sites": dict(sites.most_common(20))}
 
 
@@ -249,7 +258,9 @@ def profile(step, args, cuda: bool, sync) -> dict:
         ops = prof.key_averages()
         out["cpu_ops_per_step"] = sum(e.count for e in ops) / n
         return out
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    # The record_function phase markers ("fwd", "bwd", "clip", "opt", "Optimizer.step#...") show on the GPU timeline
+    # as user annotations spanning their kernels: counted as kernels they double the kernel time and fill the gaps.
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not is_annotation(e)]
     dur = lambda e: e.time_range.end - e.time_range.start  # noqa: E731 - microseconds
     by_cat, calls_by_cat, by_name = collections.Counter(), collections.Counter(), collections.Counter()
     for e in kernels:

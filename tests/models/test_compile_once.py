@@ -1,0 +1,73 @@
+"""Compile once, for every registered arch: a whole-model torch.compile captures its graphs at the first segment
+and never again, whatever the later segments bring (resets, a memory that fills, tokens spread anew over the
+adaptive softmax's clusters). The carried state is what the model returned, detached (as the trainer carries it):
+no `.contiguous()` or copy on the caller's side, so a state whose layout differs from the one it replaces (a slice
+of a concatenation) shows up here as a recompile at the second segment.
+
+Two settings: the training step with the einsum attention (forward and backward), and the GPU's kernels
+(`attention: flex`, `head_loss: chunked`) forward-only, as FlexAttention has no backward on a CPU. Captured with
+the aot_eager backend (inductor's graph capture, guards and recompiles, without its code generation).
+"""
+
+import pytest
+import torch
+
+from memlm.models import ARCHITECTURES, build_model
+from support.models import tiny_model_config
+
+MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
+SEGMENTS = 5
+
+
+def _config(name: str, **fields):
+    spec = ARCHITECTURES[name]
+    return tiny_model_config(**{"arch": name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
+                                "vocab_size": 300, "cutoffs": [40, 120], "dropout": 0.0, **fields})
+
+
+def _graphs_per_segment(model, train: bool) -> tuple[list[int], dict]:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    B, N = 3, model.cfg.tgt_len
+    memory = model.init_memory(B)
+    gen = torch.Generator().manual_seed(1)
+    graphs = []
+    for segment in range(SEGMENTS):
+        tokens = torch.randint(0, model.cfg.vocab_size, (B, N + 1), generator=gen)
+        reset = torch.tensor([segment == 0, segment == 3, False])
+        with torch.set_grad_enabled(train):
+            out = compiled(tokens[:, :-1], memory, reset=reset, targets=tokens[:, 1:])
+            if train:
+                loss = out.nll.sum() + (out.aux_loss if out.aux_loss is not None else 0.0)
+                loss.backward()
+        memory = out.memory.detached()
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+    return graphs, dict(counters["graph_break"])
+
+
+def _only_tail_breaks(breaks: dict) -> bool:
+    """The adaptive softmax's tail clusters run outside the compiled region when no row plan is given (their row
+    counts change every batch); no other break is allowed, never one inside a layer."""
+    return all("_tail_nll" in reason for reason in breaks)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_training_step_compiles_once(name):
+    torch.manual_seed(0)
+    model = build_model(_config(name, attention="eager", head_loss="chunked")).train()
+    graphs, breaks = _graphs_per_segment(model, train=True)
+    assert graphs == [graphs[0]] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
+    assert _only_tail_breaks(breaks), breaks
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_gpu_kernels_compile_once(name):
+    torch.manual_seed(0)
+    model = build_model(_config(name, attention="flex", head_loss="chunked")).eval()
+    graphs, breaks = _graphs_per_segment(model, train=False)
+    assert graphs == [graphs[0]] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
+    assert _only_tail_breaks(breaks), breaks
