@@ -49,6 +49,8 @@ from torch import Tensor
 from memlm.models import map_memory
 from memlm.models.registry import arch_spec
 
+from .batch_transfer import DeviceSegment, options_for, scored_targets, segment_to_device
+
 
 class RecurrenceStateError(ValueError):
     """A checkpoint's recurrent state that this run's schedule cannot continue; the message says how."""
@@ -58,7 +60,7 @@ class RecurrenceStateError(ValueError):
 class MicroBatch:
     loss: Tensor  # scalar in the graph: what engine.backward gets
     nll: Tensor  # summed NLL over the new segments' scored targets (detached; read it after the step, no sync)
-    count: int  # those targets
+    count: int  # those targets (counted on the host, before the copy to the device)
     inputs: int  # new input tokens (B x N per new segment)
 
 
@@ -122,8 +124,8 @@ def _detached(memory: Any) -> Any:
     return memory.detached()
 
 
-def _segment_figures(out, targets: Tensor) -> tuple[Tensor, int]:
-    return out.nll.float().sum(), int((targets != -100).sum())
+def _nll_sum(out) -> Tensor:
+    return out.nll.float().sum()  # stays on the device: the step reads its figures once (step_figures.py)
 
 
 def _aux_mean(outs: list) -> Tensor | float:
@@ -137,14 +139,15 @@ class _Recurrence:
     def __init__(self, memory: Any, device):
         self.memory, self.device = memory, device
         self.empty = memory  # the model's init_memory: what clear() goes back to
+        self.copy = options_for(device)  # pinned and asynchronous to a GPU (batch_transfer.py)
 
     def clear(self) -> None:
         """Every lane's memory emptied, as at a document start (after a skipped step, trainer/loop/train.py)."""
         self.memory = map_memory(torch.clone, self.empty)
 
-    def _read(self, next_batch: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
-        batch = next_batch()
-        return batch.tokens.to(self.device), batch.targets.to(self.device), batch.reset.to(self.device)
+    def _read(self, next_batch: Callable[[], Any]) -> DeviceSegment:
+        """The next segment on the device, and its scored targets counted on the host (no device read)."""
+        return segment_to_device(next_batch(), self.device, self.copy)
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "memory": plain_state(self.memory)}
@@ -167,9 +170,9 @@ class SegmentRecurrence(_Recurrence):
     kind = "segment"
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
-        tokens, targets, reset = self._read(next_batch)
+        tokens, targets, reset, count = self._read(next_batch)
         out = forward(tokens, self.memory, reset=reset, targets=targets)
-        nll, count = _segment_figures(out, targets)
+        nll = _nll_sum(out)
         self._next = out.memory
         loss = nll / max(count, 1) + _aux_mean([out])
         return MicroBatch(loss, nll.detach(), count, tokens.numel())
@@ -191,9 +194,9 @@ class ChunkBPTT(_Recurrence):
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
         memory, outs, nll, count, inputs = self.memory, [], None, 0, 0
         for _ in range(self.depth + 1):
-            tokens, targets, reset = self._read(next_batch)
+            tokens, targets, reset, seg_count = self._read(next_batch)
             out = forward(tokens, memory, reset=reset, targets=targets)
-            seg_nll, seg_count = _segment_figures(out, targets)
+            seg_nll = _nll_sum(out)
             nll = seg_nll if nll is None else nll + seg_nll
             count, inputs = count + seg_count, inputs + tokens.numel()
             outs.append(out)
@@ -213,7 +216,8 @@ class WindowBPTT(_Recurrence):
     them (its `cache` field is the cache after the newest segment, which the next new segment reads); `window` the
     up to k segments to replay, oldest first; `stored` (start_memory "stored" only) the memory each window segment
     would have read when it was new, i.e. what the new segment before it wrote, and `written` what the last new
-    segment wrote.
+    segment wrote. `scored` holds each window segment's scored-target count, on the host (a replayed segment's loss
+    divides by it without reading the device); it is not saved: a resume counts it again from the saved targets.
 
     Where the RMT authors' loop chooses otherwise (models/config.py BPTT_CHOICES, model.bptt_recipe): start_memory
     "stored" starts the replay from the oldest segment's stored memory instead of the replayed one;
@@ -230,28 +234,29 @@ class WindowBPTT(_Recurrence):
         self.start_memory, self.new_segment_cache, self.replay_reduction = (start_memory, new_segment_cache,
                                                                           replay_reduction)
         self.window: list[Segment] = []
+        self.scored: list[int] = []  # per window segment, on the host
         self.stored: list[Any] = []
         self.written = memory
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
-        tokens, targets, reset = self._read(next_batch)
+        tokens, targets, reset, new_count = self._read(next_batch)
         start = self.stored[0] if self.start_memory == "stored" and self.window else self.memory
         memory = dataclasses.replace(start, transitions=0)  # cut from every earlier graph
         scored, after_replay, parts = [], [], []  # parts: (summed NLL, targets) per scored segment
-        for seg in self.window:
+        for seg, seg_count in zip(self.window, self.scored, strict=True):
             out = forward(seg.tokens, dataclasses.replace(memory, cache=seg.cache), reset=seg.reset,
                           targets=seg.targets if self.replay_loss else None)
             if self.replay_loss:
-                parts.append(_segment_figures(out, seg.targets))
+                parts.append((_nll_sum(out), seg_count))
                 scored.append(out)
             memory = out.memory
             after_replay.append(memory)
         cache = memory.cache if self.new_segment_cache == "replayed" and self.window else self.memory.cache
         out = forward(tokens, dataclasses.replace(memory, cache=cache), reset=reset, targets=targets)
-        new_nll, new_count = _segment_figures(out, targets)
+        new_nll = _nll_sum(out)
         parts.append((new_nll, new_count))
         scored.append(out)
-        self._next = (Segment(tokens, targets, reset, cache), out.memory,
+        self._next = (Segment(tokens, targets, reset, cache), new_count, out.memory,
                       after_replay[0] if after_replay else out.memory)
         if self.replay_reduction == "segment_sum":
             nll_term = sum(seg_nll / max(seg_count, 1) for seg_nll, seg_count in parts)
@@ -262,15 +267,17 @@ class WindowBPTT(_Recurrence):
 
     def advance(self) -> None:
         """Slide the window by the segment just read, keeping at most k segments."""
-        segment, newest, after_oldest = self._next
+        segment, count, newest, after_oldest = self._next
         self._next = None
         self.window.append(segment)
+        self.scored.append(count)
         if self.start_memory == "stored":
             self.stored.append(_detached(self.written))  # what this segment read "when new": the last one's output
         self.written = newest
         start = self.memory
         if len(self.window) > self.depth:
             self.window.pop(0)
+            self.scored.pop(0)
             if self.stored:
                 self.stored.pop(0)
             start = after_oldest
@@ -279,7 +286,7 @@ class WindowBPTT(_Recurrence):
     def clear(self) -> None:
         """Memory emptied and nothing left to replay: the next segment's loss reaches no earlier segment."""
         super().clear()
-        self.window, self.stored, self.written = [], [], self.memory
+        self.window, self.scored, self.stored, self.written = [], [], [], self.memory
 
     def state_dict(self) -> dict:
         state = {"kind": self.kind, "memory": plain_state(self.memory), "window": plain_state(self.window)}
@@ -294,6 +301,8 @@ class WindowBPTT(_Recurrence):
         template = self.memory
         self.memory = rebuild_state(template, state["memory"], self.device, "memory")
         self.window = rebuild_state([segment], state["window"], self.device, "window")
+        # Counted from the saved targets, host tensors (checkpoints load to the CPU), not from the device copies.
+        self.scored = [scored_targets(saved["targets"]) for saved in state["window"]]
         if len(self.window) > self.depth:
             raise RecurrenceStateError(
                 f"the checkpoint replays {len(self.window)} segments but model.bptt_depth is {self.depth}; set "
