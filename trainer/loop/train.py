@@ -268,13 +268,18 @@ class Trainer:
                   "state, lr schedule and data position start over", file=sys.stderr)
 
     # -- one step ----------------------------------------------------------------------------------------------
-    def train_step(self) -> dict:
+    def train_step(self, log: bool = True) -> dict:
         """One optimizer step: train.grad_accum micro-batches (recurrence.py), engine.backward once each, engine.step
         after each (DeepSpeed steps the optimizer on the last). Before that last engine.step one all-reduce adds every
         rank's NLL, target and token counts and its non-finite flags (StepFigures; loss, and at ZeRO-0 the gradient
         norm, which the optimizer does not check there): any flag skips the update on every rank alike
         (nonfinite.py). ZeRO 1-3 also skip on a non-finite global gradient norm inside DeepSpeed, seen here as
-        engine.skipped_steps. Returns the step's row figures: loss, inputs, lr, grad_norm, skipped, stop."""
+        engine.skipped_steps. Returns the step's row figures: loss, inputs, lr, grad_norm, skipped, stop.
+
+        Host reads of device values (each one drains a GPU's queue): one per step, the figures, because the skip is
+        decided on the host before the optimizer runs (DeepSpeed's own optimizers read their overflow flag on the
+        host too). Batches go to the device without one (batch_transfer.py). `log=False`, for a step that writes no
+        metrics row, leaves out the only other read: DeepSpeed's gradient norm (ZeRO 1-3, bf16), grad_norm None."""
         import torch
 
         engine, device = self.engine, self.device
@@ -283,7 +288,7 @@ class Trainer:
         self.poison.param(self.step + 1, engine.module)
         nll, count, inputs = [], 0, 0
         bad_loss = torch.zeros((), dtype=torch.bool, device=device)
-        ds_skipped_before, skip, grad_norm = engine.skipped_steps, False, None
+        ds_skipped_before, skip = engine.skipped_steps, False
         for micro in range(self.cfg.train.grad_accum):
             batch = self.recurrence.step(engine, lambda: next(self.stream))
             loss = self.poison.loss(self.step + 1, micro, batch.loss)
@@ -293,8 +298,7 @@ class Trainer:
             nll.append(batch.nll)
             count, inputs = count + batch.count, inputs + batch.inputs
             if engine.is_gradient_accumulation_boundary():
-                figures, grad_norm = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss,
-                                                 self.stop.requested)
+                figures = self._agree(torch.stack(nll).sum(), count, inputs, bad_loss, self.stop.requested)
                 skip = figures.skip
                 if skip:
                     with nonfinite.skipped_update(engine.optimizer):
@@ -315,16 +319,18 @@ class Trainer:
             return {**self._skipped(figures), "stop": figures.stop > 0}
         self.bad_streak = 0
         self.tokens_seen += int(figures.targets)
-        # What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's.
-        if engine.get_global_grad_norm() is not None:
-            grad_norm = engine.get_global_grad_norm()
         return {"loss": figures.nll / max(figures.targets, 1), "inputs": int(figures.inputs), "lr": lr,
-                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "skipped": False,
-                "stop": figures.stop > 0}
+                "grad_norm": self._grad_norm(figures) if log else None, "skipped": False, "stop": figures.stop > 0}
 
-    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> tuple[StepFigures, float | None]:
-        """This step's figures summed over ranks (StepFigures: the step's one all-reduce) and the ZeRO-0 gradient
-        norm."""
+    def _grad_norm(self, figures: StepFigures) -> float:
+        """What the optimizer computed in its step (ZeRO 1-3, DeepSpeed's bf16 optimizer), else the ZeRO-0 check's
+        (read with the figures). DeepSpeed's is a device value here: reading it waits for the optimizer's kernels."""
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else figures.grad_norm
+
+    def _agree(self, nll, count: int, inputs: int, bad_loss, stop: bool) -> StepFigures:
+        """This step's figures summed over ranks, with the ZeRO-0 gradient norm (StepFigures: the step's one
+        all-reduce and its one host read)."""
         import torch
 
         grad_norm = None
@@ -335,8 +341,7 @@ class Trainer:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
             bad_grad, grad_norm = ~torch.isfinite(norm), norm
-        figures = StepFigures.summed(nll, count, inputs, bad_loss, bad_grad, stop, self.info.world_size)
-        return figures, (float(grad_norm) if grad_norm is not None else None)
+        return StepFigures.summed(nll, count, inputs, bad_loss, bad_grad, stop, self.info.world_size, grad_norm)
 
     def _skipped(self, figures: StepFigures) -> dict:
         """After a skipped step: count it, empty the memory, say so on rank 0; the metrics row holds no loss."""
@@ -427,7 +432,7 @@ class Trainer:
         window_start, window_inputs = time.perf_counter(), 0
         while self.step < end:
             runtime.refit_threads()  # fewer threads while other processes keep this rank's cores busy
-            result = self.train_step()
+            result = self.train_step(log=logged(self.step + 1))
             window_inputs += result["inputs"]
             if logged(self.step) or result["skipped"]:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
