@@ -151,7 +151,8 @@ class CompressiveTransformer(Backbone):
         new_memory = CompressiveMemory(
             hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M),
             compressed=new_compressed,
-            compressed_valid=torch.cat([compressed_valid, new_slots_valid], dim=1)[:, -C:],
+            # contiguous: a compiled forward guards on strides, and a slice's differ from the state it replaces
+            compressed_valid=torch.cat([compressed_valid, new_slots_valid], dim=1)[:, -C:].contiguous(),
         )
         aux = cfg.compression_loss_weight * torch.stack(reconstruction).sum() if reconstruction else None
         return ModelOutput(nll=nll, logits=logits, memory=new_memory, aux_loss=aux)

@@ -182,6 +182,9 @@ class InfiniteFormer(Backbone):
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> InfiniteFormerMemory:
         cfg = self.cfg
+        # The training segment's fit, made before the first forward: a compiled forward guards on this cache's
+        # keys, and a key it first saw missing would recompile the whole forward at the second segment.
+        self.signal_fit(cfg.tgt_len, device, dtype)
         zeros = lambda rows: [torch.zeros(batch_size, rows, cfg.d_model, device=device, dtype=dtype)  # noqa: E731
                               for _ in range(cfg.n_layer)]
         return InfiniteFormerMemory(hidden=zeros(cfg.mem_len),

@@ -54,6 +54,8 @@ def roll_valid(valid: Tensor, n_new: int, mem_len: int) -> Tensor:
     """Append n_new real positions and keep the last mem_len slots, contiguous: a slice of the concatenation has
     another stride than the state it replaces, and a compiled forward guards on strides (one recompile of the whole
     model at the second segment)."""
+    if mem_len == 0:  # an empty slice keeps its source's strides, and `contiguous` leaves an empty tensor as it is
+        return valid.new_zeros(valid.shape[0], 0)
     rolled = torch.cat([valid, valid.new_ones(valid.shape[0], n_new)], dim=1)[:, valid.shape[1] + n_new - mem_len :]
     return rolled.contiguous()
 
