@@ -58,6 +58,13 @@ CATEGORIES = [  # first match wins; lower-cased kernel names
 ]
 
 
+# A run is SHAPE:ARCH:LANES:SCOPE[:VARIANT,VARIANT...]; the variants change one thing each against the plain run.
+VARIANTS = {
+    "clipfold": "the clip folded into the fused AdamW step (trainer/loop/fused_clip.py)",
+    "triton": "model.attention triton (models/attention_triton.py) instead of --attention",
+}
+
+
 def category(name: str) -> str:
     low = name.lower()
     return next((cat for cat, keys in CATEGORIES if any(k in low for k in keys)), "other")
@@ -88,9 +95,15 @@ def run_one(args) -> dict:
     from memlm.models.config import ModelConfig
     from memlm.models.flops import flops_per_token
     from memlm.models.registry import arch_spec
+    from memlm.trainer.loop.fused_clip import fused_clipped_step
 
-    shape, arch, lanes, scope = args.run.split(":")
+    shape, arch, lanes, scope, *extra = args.run.split(":")
     lanes = int(lanes)
+    variants = set(extra[0].split(",")) if extra else set()
+    unknown = variants - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"{args.run}: unknown variant(s) {sorted(unknown)}; valid: {', '.join(VARIANTS)}")
+    attention = "triton" if "triton" in variants else args.attention
     settings = {**BASE, **SHAPES["tiny" if args.tiny else shape]}
     if args.tiny:
         settings.update(n_layer=2, tgt_len=16, mem_len=16)
@@ -99,7 +112,7 @@ def run_one(args) -> dict:
         settings["mem_len"] = 0
     if spec.memory_tokens:
         settings.update(mem_len=0, **{spec.memory_tokens: 10})
-    cfg = ModelConfig(arch=arch, attention=args.attention, head_loss=args.head_loss, **settings).validate()
+    cfg = ModelConfig(arch=arch, attention=attention, head_loss=args.head_loss, **settings).validate()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -112,7 +125,7 @@ def run_one(args) -> dict:
         model.compile_layers(dynamic=False)
     elif scope == "model":
         forward = torch.compile(model, dynamic=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=cuda)
+    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=cuda or "clipfold" in variants)
     gen = torch.Generator().manual_seed(1)
     weights = 1.0 / torch.arange(1, cfg.vocab_size + 1, dtype=torch.float64)
     pool = [torch.multinomial(weights, lanes * (cfg.tgt_len + 1), replacement=True, generator=gen)
@@ -132,17 +145,24 @@ def run_one(args) -> dict:
         with torch.profiler.record_function("bwd"):
             loss.backward()
         mark("bwd")
-        with torch.profiler.record_function("clip"):
-            torch.nn.utils.clip_grad_norm_(params, 0.25)
-        mark("clip")
-        with torch.profiler.record_function("opt"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        if "clipfold" in variants:  # trainer/loop/fused_clip.py: the clip divisor handed to the fused step
+            mark("clip")
+            with torch.profiler.record_function("opt"):
+                fused_clipped_step(opt, params, 0.25)
+                opt.zero_grad(set_to_none=True)
+        else:
+            with torch.profiler.record_function("clip"):
+                torch.nn.utils.clip_grad_norm_(params, 0.25)
+            mark("clip")
+            with torch.profiler.record_function("opt"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         mark("opt")
         state["memory"] = detach_memory(out.memory)
 
     row = {"run": args.run, "arch": arch, "shape": shape, "lanes": lanes, "scope": scope, "torch": torch.__version__,
-           "attention": args.attention, "head_loss": args.head_loss, "params": sum(p.numel() for p in params),
+           "attention": attention, "head_loss": args.head_loss, "variants": sorted(variants),
+           "params": sum(p.numel() for p in params),
            "device": torch.cuda.get_device_name() if cuda else "cpu"}
     t0 = time.perf_counter()
     for _ in range(args.warmup):

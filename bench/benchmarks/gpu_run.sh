@@ -4,6 +4,7 @@
 #   bash bench/benchmarks/gpu_run.sh [PHASES...]        # default: env mfu trainer fp32 aligned compile
 #   bash bench/benchmarks/gpu_run.sh env equal fast     # the fast path: GPU equality tests, then MFU per arch/shape/lanes
 #   bash bench/benchmarks/gpu_run.sh env peers          # the peers on this GPU (their wheels in .whl)
+#   bash bench/benchmarks/gpu_run.sh env equal profile  # equality tests, then the compiled step profiled (bench_gpu_profile.py)
 #
 # Needs, in the repository root: .whl/ (deepspeed 0.19.8 and what it and webdataset need that the machine lacks, see
 # bench/README.md; phase equal also pytest, pluggy and iniconfig) and .gpudata/wikitext-2 (memlm prepare --corpus wikitext --tokenizer word). Writes under $OUT
@@ -139,6 +140,16 @@ get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
     stamp "peers on this GPU: ${PEER_SHAPES:-gpu-aligned}"
     timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_peers.py --device cuda \
       --shapes "${PEER_SHAPES:-gpu-aligned}" --precisions bf16 --out "$OUT/peers_cuda.json" ${PEER_ARGS:-}
+    ;;
+  profile)
+    # The compiled step profiled per arch (bench_gpu_profile.py: phases, kernel categories, launches, syncs, graph
+    # breaks, recompiles), each run in its own process. PROFILE_RUNS="SHAPE:ARCH:LANES:SCOPE ..." picks them
+    # (default: the script's own), PROFILE_ARGS adds options.
+    if [ "$(left)" -lt 90 ]; then stamp "skip profile: $(left) s left"; continue; fi
+    stamp "profile of the compiled step: ${PROFILE_RUNS:-default runs}"
+    runs=""; [ -n "${PROFILE_RUNS:-}" ] && runs="--runs $PROFILE_RUNS"
+    timeout $(( $(left) - 5 )) python3 bench/benchmarks/bench_gpu_profile.py --out "$OUT" --budget-s $(( $(left) - 15 )) \
+      $runs ${PROFILE_ARGS:-}
     ;;
   aligned)
     if [ "$(left)" -lt 60 ]; then stamp "skip aligned: $(left) s left"; continue; fi
