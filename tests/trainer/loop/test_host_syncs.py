@@ -116,3 +116,59 @@ def test_the_trainer_reads_the_device_once_per_step(arch, zero, extra, data, tmp
         assert [f"{e.op} at {Path(e.origin.split(':')[0]).name}" for e in ours] == want, census.report()
         assert (row["grad_norm"] is not None) == log
         print(f"\n{arch} ZeRO-{zero} log={log}:\n{census.report()}")
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch,extra", [("txl", {}), ("rmt", {"model__bptt_replay_loss": "true"})])
+def test_the_recurrence_and_the_figures_read_once_on_every_device(device, arch, extra, data):
+    """The step's own parts without DeepSpeed (which a GPU machine may lack): recurrence.step, backward, advance
+    and StepFigures, as train_step uses them, on `device`. Trainer code reads once per step; on a GPU its copies
+    are host-to-device, pinned and queued (non_blocking), and the figures equal the CPU run's."""
+    from memlm.data_pipeline.stream import LaneStream
+    from memlm.models import build_model
+    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.loop.recurrence import make_recurrence
+    from memlm.trainer.loop.step_figures import StepFigures
+
+    cfg = load_config(preset(arch), overrides(data, **extra))
+
+    def steps(on: str) -> tuple[list[StepFigures], list[SyncCensus]]:
+        torch.manual_seed(0)
+        model = build_model(cfg.model).to(on).train()
+        recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=on), on)
+        stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len)
+        figures, censuses = [], []
+        for _ in range(3):
+            with SyncCensus() as seen:
+                nll, count, bad = [], 0, torch.zeros((), dtype=torch.bool, device=on)
+                for _ in range(2):
+                    micro = recurrence.step(model, lambda: next(stream))
+                    micro.loss.backward()
+                    bad |= ~torch.isfinite(micro.loss.detach())
+                    nll.append(micro.nll)
+                    count += micro.count
+                    recurrence.advance()
+                norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                figures.append(StepFigures.summed(torch.stack(nll).sum(), count, 0, bad, ~torch.isfinite(norm),
+                                                  False, 1, norm))
+            model.zero_grad(set_to_none=True)
+            censuses.append(seen)
+        return figures, censuses
+
+    figures, censuses = steps(device)
+    for seen in censuses:
+        ours = seen.issued_under(TRAINER)
+        assert [e.op for e in ours if not e.op.startswith("copy")] == ["tolist"], seen.report()
+        copies = [e for e in ours if e.op.startswith("copy")]
+        if device == "cuda":  # tokens, targets, reset of every new segment: 2 micro-batches
+            assert len(copies) == 6 and all(e.op == "copy cpu->cuda" and e.non_blocking and e.pinned
+                                            for e in copies), seen.report()
+        else:
+            assert copies == [], seen.report()
+    if device != "cpu":
+        reference, _ = steps("cpu")
+        for got, want in zip(figures, reference, strict=True):
+            assert got.targets == want.targets and got.nll == pytest.approx(want.nll, rel=1e-4)
