@@ -11,7 +11,8 @@ evaluations behind, so:
   later steps (written after that checkpoint by the run that was interrupted) are dropped, since the resumed run
   writes them again; `--reshard` starts the step count over, so the old rows are kept aside instead.
 
-`claim` runs on every rank before the process group exists; only rank 0 changes files.
+`claim` runs on every rank before the process group exists; only rank 0 changes files, and it first takes the
+folder's run lock (run_lock.py), held until the run ends: a second `train` into the folder meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from memlm.trainer.tracking.tracker import RUN_ID_FILE
 
+from . import run_lock
+from .run_lock import LOCK_FILE
 from .store import ResumeError
 
 METRICS = "metrics.jsonl"
@@ -63,17 +66,24 @@ def claim(run_dir: Path, resume: bool, overwrite: bool, rank: int) -> None:
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunFolderError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
+    if rank == 0:  # before looking: two starts at once must not both find the folder free
+        run_lock.acquire(run_dir)
     held = existing_run(run_dir)
     if held is None or resume:
         return
     if not overwrite:
+        run_lock.release(run_dir)
         raise RunFolderError(f"{run_dir} already holds a run ({held}): pass --resume to continue it, or --out "
                              "NEW_DIR to start a new run (--overwrite deletes this one first)")
     if rank == 0:
-        # Renamed aside first (atomic), then deleted: another rank writing its set-up log meanwhile lands in one
-        # folder or the other, never in a half-deleted one.
+        # Moved aside first (each entry atomically), then deleted: another rank writing its set-up log meanwhile
+        # lands in one folder or the other, never in a half-deleted one. The run lock stays: it is held now, by
+        # this run (run_lock.py), and a lock file must never be replaced under its holder.
         aside = run_dir.with_name(f".{run_dir.name}.overwritten-{os.getpid()}")
-        os.rename(run_dir, aside)
+        aside.mkdir()
+        for entry in run_dir.iterdir():
+            if entry.name != LOCK_FILE:
+                os.rename(entry, aside / entry.name)
         shutil.rmtree(aside, ignore_errors=True)
 
 

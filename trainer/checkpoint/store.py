@@ -31,6 +31,7 @@ import torch
 
 from memlm.trainer.runtime import distributed, faults
 
+from . import disk_full
 from .errors import CheckpointWriteError, ResumeError
 from .safe_load import safe_load
 
@@ -75,7 +76,12 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
         torch.save(rank_state, ckpt_dir / tmp_tag / f"rank{rank}.pt")
         if rank == 0:
             (ckpt_dir / tmp_tag / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:  # a full disk, a quota, a vanished mount: the previous checkpoint must stay usable
+    except (OSError, RuntimeError) as exc:  # a full disk, a quota, a vanished mount: the previous one stays usable
+        # torch.save reports a full disk as a RuntimeError that never says so (disk_full.py): measured first,
+        # before the space of the partial files is given back.
+        full = disk_full.reason(exc, ckpt_dir)
+        if not isinstance(exc, OSError) and full is None:
+            raise
         if distributed.world_size() == 1:
             shutil.rmtree(ckpt_dir / tmp_tag, ignore_errors=True)  # give the space back
         # With several ranks the others may still be writing into the folder (removing it under them turned one
@@ -83,7 +89,7 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
         # removes the leftover at the next save.
         previous = latest_tag(ckpt_dir)
         raise CheckpointWriteError(
-            f"cannot write checkpoint {ckpt_dir / tag} ({exc.strerror or exc}); "
+            f"cannot write checkpoint {ckpt_dir / tag} ({full or exc.strerror or exc}); "
             + (f"the previous checkpoint {ckpt_dir / previous} is intact and `latest` names it: free space, then "
                "rerun with --resume" if previous else "no earlier checkpoint exists: free space and start again")
         ) from None

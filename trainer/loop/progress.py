@@ -10,6 +10,7 @@ import sys
 import time
 
 from memlm.data_pipeline.progress import format_duration, is_terminal, progress_wanted
+from memlm.trainer.runtime import heartbeat
 
 
 class Progress:
@@ -20,11 +21,13 @@ class Progress:
         if self.rank == 0 and is_terminal(sys.stderr):
             from tqdm import tqdm
 
+            heartbeat.stop()  # the bar is the progress from here on
             self.bar = tqdm(total=total, initial=start, file=sys.stderr, unit="step", dynamic_ncols=True)
 
     def update(self, row: dict) -> None:
         if self.rank != 0:
             return
+        heartbeat.stop()  # the first line of progress ends the start's watch
         if self.bar is not None:
             self.bar.n = row["step"]
             self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=True)
@@ -37,6 +40,7 @@ class Progress:
         """One line from rank 0 (a checkpoint saved), above the bar on a terminal."""
         if self.rank != 0:
             return
+        heartbeat.stop()
         line = f"memlm train: {message}"
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)

@@ -31,3 +31,21 @@ def make_scheduler(optimizer, train_cfg):
                          schedule=train_cfg.schedule, min_lr_ratio=train_cfg.min_lr_ratio)
 
     return LambdaLR(optimizer, factor)
+
+
+def rebase(scheduler, train_cfg) -> tuple[float, float]:
+    """After a resume with a changed config: the restored optimizer and scheduler follow train_cfg from the step the
+    scheduler has reached. DeepSpeed's load restores the saved peak rate (base_lrs), each group's current rate and
+    its weight_decay / eps, so the new values would otherwise apply to nothing; the schedule's shape (warmup,
+    schedule, steps, min_lr_ratio) is this run's LambdaLR function already. Returns the rate before and after."""
+    groups = scheduler.optimizer.param_groups
+    before = float(groups[0]["lr"])
+    reached = scheduler.last_epoch  # optimizer steps the schedule has taken (a skipped step takes none)
+    scheduler.base_lrs = [train_cfg.lr for _ in groups]
+    for group, factor in zip(groups, scheduler.lr_lambdas):
+        group["initial_lr"] = train_cfg.lr
+        group["lr"] = train_cfg.lr * factor(reached)  # as LambdaLR.get_lr computes it
+        group["weight_decay"] = train_cfg.weight_decay
+        group["eps"] = train_cfg.adam_eps
+    scheduler._last_lr = [group["lr"] for group in groups]
+    return before, float(groups[0]["lr"])

@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from memlm.trainer.checkpoint import run_folder
+from memlm.trainer.checkpoint import config_record, disk_full, resume_policy, run_folder, run_lock
 from memlm.trainer.checkpoint import store as checkpoint
 from memlm.trainer.checkpoint.errors import ResumeError
 from memlm.trainer.checkpoint.rng import RNGState, rng_preserved
 from memlm.trainer.checkpoint.safe_load import verify_folder
-from memlm.trainer.runtime import distributed, faults
+from memlm.trainer.runtime import distributed, faults, heartbeat
 from memlm.trainer.runtime import process as runtime
 
 from . import nonfinite
@@ -62,7 +62,13 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     reporter: called on rank 0 with every metrics row (the metrics.jsonl line) and, after each validation pass,
     with {"step", "valid_nll", "valid_ppl", "valid_bpc"}; a Ray Tune trial forwards them to tune.report.
     """
-    return open_trainer(cfg, out, resume=resume, reshard=reshard, overwrite=overwrite, reporter=reporter).fit(stop_at)
+    run_dir = Path(out or Path("runs") / cfg.model.arch)
+    try:
+        with disk_full.full_disk_is_one_line(run_dir):  # anywhere: one line naming the file and the last checkpoint
+            return open_trainer(cfg, run_dir, resume=resume, reshard=reshard, overwrite=overwrite,
+                                reporter=reporter).fit(stop_at)
+    finally:
+        run_lock.release(run_dir)  # claim() took it; also when the start was refused
 
 
 def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = False, reshard: bool = False,
@@ -80,15 +86,22 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     _check_device(cfg, info.device)
     run_folder.claim(run_dir, resume, overwrite, info.rank)
     runtime.prepare_process(who="train")  # threads that fit this rank's cores; the op cache of this environment
+    if info.rank == 0:
+        heartbeat.start("memlm train")  # a slow start says what it is doing (heartbeat.py)
     meta = run_meta(cfg, info.world_size, manifest)
     tag = checkpoint.latest_tag(ckpt_dir) if resume else None
+    changes = []
     if tag is not None and not reshard:  # refuse before the (slow) engine build
         checkpoint.check_compatible(checkpoint.read_meta(ckpt_dir, tag), meta, ckpt_dir / tag)
+        changes = resume_policy.check_resume(cfg, run_dir, ckpt_dir / tag, checkpoint.step_of(tag))
     if tag is not None:  # DeepSpeed unpickles its files in full: prove first that none of them can run code
+        heartbeat.phase(f"checking checkpoint {ckpt_dir / tag}")
         verify_folder(ckpt_dir / tag)
     if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
-    return Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
+    trainer = Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
+    trainer.config_changes = changes
+    return trainer
 
 
 def load_initial_weights(model, run_dir: Path) -> None:
@@ -132,8 +145,12 @@ def _check_device(cfg, device: str) -> None:
 
 def run_meta(cfg, world_size: int, manifest: dict) -> dict:
     """What a checkpoint must match to be resumed without --reshard (meta.json; checkpoint.check_compatible)."""
+    from memlm.trainer.config.run_config import flatten
+
     tokenizer = {k: manifest["tokenizer"].get(k) for k in ("kind", "vocab_size", "sha256")}
-    return {"world_size": world_size, "arch": cfg.model.arch, "tokenizer": tokenizer, "seed": cfg.train.seed}
+    # "config": what trained up to the checkpoint, which a resume compares with its own (resume_policy.py)
+    return {"world_size": world_size, "arch": cfg.model.arch, "tokenizer": tokenizer, "seed": cfg.train.seed,
+            "config": flatten(cfg)}
 
 
 def seed_everything(seed: int) -> None:
@@ -163,6 +180,7 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.skipped_steps, self.bad_streak = 0, 0  # steps skipped for a non-finite loss/gradient: all, in a row
         self.built = False
+        self.config_changes: list = []  # what a resume changed in the config (resume_policy.py), from open_trainer
         self.watch = None  # the peer watch of a multi-rank run (trainer/runtime/peer_watch.py), from build()
 
     # -- saved state -------------------------------------------------------------------------------------------
@@ -187,7 +205,6 @@ class Trainer:
 
         from memlm.data_pipeline.stream import LaneStream
         from memlm.models import build_model
-        from memlm.trainer.config.run_config import dump_yaml
 
         from .ds_config import deepspeed_config
         from .recurrence import make_recurrence
@@ -214,11 +231,10 @@ class Trainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "eval").mkdir(exist_ok=True)
-            dump_yaml(cfg, self.run_dir / "config.yaml")
-            (self.run_dir / "ds_config.json").write_text(json.dumps(self.ds_conf, indent=2) + "\n")
         from memlm.trainer.runtime.quiet import route_library_loggers
 
         route_library_loggers(self.run_dir)  # DeepSpeed's INFO lines to RUN_DIR/library.log, warnings to the console
+        heartbeat.phase("building the DeepSpeed engine")
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=self.ds_conf, lr_scheduler=lambda opt: make_scheduler(opt, cfg.train))
@@ -236,6 +252,7 @@ class Trainer:
                                           self.device)
         self.poison = faults.Poison(self.rank)
         self.built = True
+        heartbeat.phase(None)
 
     def _restore(self, tag: str, reshard: bool) -> None:
         if reshard:
@@ -383,17 +400,28 @@ class Trainer:
         finally:
             if self.watch is not None:
                 self.watch.stop()
+            heartbeat.stop()
+            run_lock.release(self.run_dir)
 
     def _fit(self, stop_at: int | None) -> Path:
         from .progress import Progress
 
         tag, reshard = self.resume_tag, self.reshard
         if tag is not None:
+            heartbeat.phase(f"loading checkpoint {self.ckpt_dir / tag}")
             self._restore(tag, reshard)
             self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
                       f"weights of {self.ckpt_dir / tag} loaded; training from step 0")
+            if self.config_changes and not reshard:  # the new values take effect from here, said in one line
+                from .schedule import rebase
+
+                lr = rebase(self.engine.lr_scheduler, self.cfg.train)
+                self._say(resume_policy.applied_line(self.config_changes, self.step, lr))
         if self.rank == 0:  # what the folder says now matches the step training continues from
             run_folder.rewind(self.run_dir, self.step, reshard=reshard and tag is not None)
+            # Only now, the checkpoint restored: config.yaml says what trains (config_record.py)
+            config_record.write_run_config(self.run_dir, self.cfg, self.ds_conf, self.config_changes, self.step, tag)
+        heartbeat.phase("opening MLflow tracking")
         tracker = self._tracker()
         if self.watch is not None:  # ended by a peer's fault from the watch thread: the MLflow run says FAILED
             self.watch.on_abort.append(lambda: tracker.finish("FAILED"))
@@ -402,6 +430,8 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         status = "FAILED"
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        first_row = min((self.step // cfg.log_every + 1) * cfg.log_every, end)
+        heartbeat.phase(f"training: the first metrics row comes at step {first_row}")
         try:
             with self.stop.installed():
                 self._loop(tracker, progress, metrics_path, end)
@@ -498,8 +528,9 @@ class Trainer:
         tracker = Tracker(self.cfg.tracking, self.run_dir, self.rank, self.cfg)
         tracker.set_tags({"arch": self.cfg.model.arch})
         if self.rank == 0:
-            for name in ("config.yaml", "ds_config.json"):
-                tracker.log_artifact(self.run_dir / name)
+            for name in ("config.yaml", "ds_config.json", config_record.HISTORY):
+                if (self.run_dir / name).is_file():
+                    tracker.log_artifact(self.run_dir / name)
         return tracker
 
     def _evaluate(self, tracker) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +97,8 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
     """Create the default process group through DeepSpeed (it reads DEEPSPEED_TIMEOUT).
 
     log_dir: a run folder; DeepSpeed's output while it sets up (every rank prints "... built successfully" for
-    its CPU op, also when the op comes from the cache; a first build's compiler output) goes to its library.log
-    instead of the console, and rank 0 says once when a first build is coming."""
+    its CPU op, also when the op comes from the cache; a build's compiler output) goes to its library.log
+    instead of the console, and rank 0 says when a build is coming (op_cache.load_cpu_op)."""
     import atexit
 
     import deepspeed
@@ -113,52 +112,16 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
     if log_dir is None:
         deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
         return
+    from . import heartbeat
     from .quiet import into_library_log
 
-    if info.device == "cpu" and info.rank == 0 and not cpu_op_built():
-        print(f"memlm: building DeepSpeed's CPU communication op once for this environment (30-60 s; cached in "
-              f"{os.environ.get('TORCH_EXTENSIONS_DIR', '~/.cache/torch_extensions')})", file=sys.stderr, flush=True)
+    if info.device == "cpu":
+        from .op_cache import load_cpu_op
+
+        load_cpu_op(log_dir, speak=info.rank == 0)  # says when it builds; never behind a dead process's lock
+    heartbeat.phase(f"starting the process group ({info.backend}, {info.world_size} rank(s))")
     with into_library_log(log_dir):
-        if info.device == "cpu":
-            load_cpu_op()
         deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
-
-
-def load_cpu_op() -> None:
-    """Load (building it the first time) DeepSpeed's CPU communication op, as deepspeed.init_distributed would, but
-    never behind a dead process's lock.
-
-    torch's extension loader holds a plain `lock` file in the op's folder while it builds or loads, and every other
-    process waits for that file to go, forever: a process killed in that moment (Ctrl-C during a sweep's trial
-    start) hung every later run on the machine. memlm's loaders therefore load under an flock of their own, which
-    the kernel releases when its holder dies: whoever holds it knows that a `lock` left in memlm's own op cache
-    belongs to a dead process and removes it. DeepSpeed keeps the loaded op, so init_distributed does not load it
-    again. In a TORCH_EXTENSIONS_DIR the user chose, other programs may be building: there the lock is only named
-    in a warning (runtime.warn_stale_build_locks)."""
-    import fcntl
-
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return  # DeepSpeed will not use it either
-    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
-    if not cache.name:
-        builder.load()
-        return
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".memlm-op-load.lock", "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        try:
-            from .process import extension_cache_dir
-
-            stale = cache / builder.name / "lock"
-            if stale.exists() and cache == extension_cache_dir():
-                stale.unlink(missing_ok=True)
-            builder.load()
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def shm_buffer_path(rank: int, env=os.environ) -> Path:
@@ -177,12 +140,6 @@ def remove_shm_buffer(rank: int) -> None:
         shm_buffer_path(rank).unlink()
     except (FileNotFoundError, PermissionError):
         pass
-
-
-def cpu_op_built() -> bool:
-    """Whether DeepSpeed's CPU shared-memory op is already in the op cache (TORCH_EXTENSIONS_DIR)."""
-    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
-    return bool(cache) and any(Path(cache).glob("deepspeed_shm_comm*/*.so"))
 
 
 def shutdown() -> None:

@@ -31,23 +31,28 @@ A count the user or a scheduler chose (OMP_NUM_THREADS, a Ray reservation, sever
 count each other) is kept as it is. A count that changes mid-run changes the order of float sums: for
 bit-identical runs on a busy machine, set OMP_NUM_THREADS.
 
-Op cache. DeepSpeed JIT-builds C++ ops into TORCH_EXTENSIONS_DIR, by default one folder per Python version
-shared by every environment on the machine, so two virtualenvs with different torch or DeepSpeed builds rebuild
-each other's ops (minutes each). Unless the user sets it, the cache is keyed by what the build depends on: Python,
-torch and DeepSpeed versions and the CPU model (ops are built with -march=native), under
-~/.cache/memlm/torch_extensions/. Environments with the same versions on the same CPU share their builds.
+Op cache. DeepSpeed JIT-builds C++ ops into TORCH_EXTENSIONS_DIR; unless the user sets it, each environment gets
+a folder of its own under ~/.cache/memlm/torch_extensions/ (op_cache.py says why and how it is keyed).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+# The op cache's names, used here and imported from here by older callers.
+from .op_cache import (  # noqa: F401
+    STALE_LOCK_SECONDS,
+    cpu_model,
+    environment_versions,
+    extension_cache_dir,
+    use_own_extension_cache,
+    warn_stale_build_locks,
+)
 
 LOCAL_RANKS_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")  # torchrun and Ray Train; the deepspeed launcher
 STAT = Path("/proc/stat")  # per-core CPU time, what following the load measures (Linux)
@@ -203,74 +208,6 @@ def refit_threads() -> int | None:
     """Once per step, from the thread that runs the torch work: follow the load when memlm chose the count
     (see the module docstring); returns the thread count now in use, None when it does not follow the load."""
     return _follower.poll() if _follower is not None else None
-
-
-def extension_cache_dir(versions: dict[str, str] | None = None) -> Path:
-    """The op cache for this environment: ~/.cache/memlm/torch_extensions/<python-torch-deepspeed-cpu key>."""
-    versions = versions or environment_versions()
-    key = "-".join(f"{name}{versions[name]}" for name in sorted(versions))
-    digest = hashlib.sha256(f"{key}|{cpu_model()}".encode()).hexdigest()[:12]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "memlm" / "torch_extensions" / f"{platform.machine()}-{digest}"
-
-
-def environment_versions() -> dict[str, str]:
-    """What a JIT-built op depends on, read without importing the packages."""
-    from importlib import metadata
-
-    versions = {"py": platform.python_version()}
-    for name in ("torch", "deepspeed"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "none"
-    return versions
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def use_own_extension_cache() -> str:
-    """Point TORCH_EXTENSIONS_DIR at this environment's cache unless the user chose one; returns the folder.
-    Also exported to child processes (DeepSpeed's launcher ranks, Ray workers through ray_runtime.worker_env).
-    Must run before deepspeed builds or loads an op."""
-    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
-        os.environ["TORCH_EXTENSIONS_DIR"] = str(extension_cache_dir())
-    return os.environ["TORCH_EXTENSIONS_DIR"]
-
-
-STALE_LOCK_SECONDS = 300  # an op build takes ~30-60 s; a lock this old was left by a process killed mid-build
-
-
-def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) -> list[Path]:
-    """Op build locks in FOLDER older than STALE_LOCK_SECONDS, each named in one warning line.
-
-    torch's extension builder holds a plain `lock` file while it compiles and every other process waits, forever,
-    for it to disappear; a builder killed mid-build (Ctrl-C, SIGKILL, a preempted node) leaves it behind, and every
-    later run then hangs silently right after its thread line. Deleting it is safe once no build is running, which
-    only the user can know, so this says what to delete instead of deleting it."""
-    import time
-
-    now = time.time() if now is None else now
-    stale = []
-    for lock in sorted(Path(folder).glob("*/lock")):
-        try:
-            age = now - lock.stat().st_mtime
-        except OSError:  # removed by its builder meanwhile
-            continue
-        if age > STALE_LOCK_SECONDS:
-            stale.append(lock)
-            print(f"memlm: warning: {lock} is {age / 60:.0f} min old: DeepSpeed will wait for it forever; if no other "
-                  "process is building that op, delete it", file=sys.stderr, flush=True)
-    return stale
 
 
 def before_torch() -> None:

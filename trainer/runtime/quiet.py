@@ -16,6 +16,7 @@ is lost when something goes wrong; warnings and errors still reach the console.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -49,6 +50,11 @@ def into_library_log(run_dir: str | os.PathLike):
             os.dup2(log.fileno(), 2)
             try:
                 yield path
+            except OSError as exc:
+                # A print that failed here wrote into this log (a full disk): name it, as the writer could not.
+                if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    exc.filename = str(path)
+                raise
             finally:
                 for stream in (sys.stdout, sys.stderr):
                     try:
@@ -71,6 +77,17 @@ def prints_into_library_log(run_dir: str | os.PathLike):
         yield
 
 
+class _LibraryLogHandler(logging.FileHandler):
+    """library.log's handler: a record it cannot write (a full disk) is dropped without logging's own traceback on
+    the console; memlm's own next write into the run folder meets the same disk and says so in one line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return
+        super().handleError(record)
+
+
 def route_library_loggers(run_dir: str | os.PathLike, names: tuple[str, ...] = LIBRARY_LOGGERS) -> Path:
     """INFO and above of each library logger into RUN_DIR/library.log; its console handlers keep WARNING and
     above. Call it after the library is imported (MLflow replaces its loggers' handlers at import). Idempotent."""
@@ -86,7 +103,7 @@ def route_library_loggers(run_dir: str | os.PathLike, names: tuple[str, ...] = L
                     logger.removeHandler(old)
             old.close()
         _file_handlers.clear()
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = _LibraryLogHandler(path, encoding="utf-8")
         handler.setLevel(logging.INFO)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         _file_handlers[key] = handler

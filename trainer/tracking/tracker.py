@@ -337,11 +337,13 @@ def open_run(client: Any, uri: str, cfg: TrackingConfig, run_dir: Path, config: 
 
     old_params = run.data.params
     params = {key: _param_value(value) for key, value in flatten(config).items()}
-    # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps
-    # the first values and says so, rather than failing and losing tracking.
+    # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps the first
+    # values in MLflow; the trainer has said what changed in one line, and config_changes.jsonl (logged as an
+    # artifact) records it with its step (trainer/checkpoint/resume_policy.py).
     changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
     if changed:
-        log.warning("tracking: resumed run %s keeps its first values of changed params %s", run_id, changed)
+        log.info("tracking: run %s keeps its first params; the values of %s changed at a resume: see the artifact "
+                 "config_changes.jsonl", run_id, changed)
     from mlflow.entities import Param
 
     items = [Param(k, v) for k, v in params.items() if k not in old_params]
