@@ -25,9 +25,13 @@ from torch import Tensor
 
 from . import attention_triton_kernels as kernels
 
-# d r_k is accumulated with atomics into this many fp32 copies (lane b into copy b % G) and summed after: lanes that
-# add into the same slots at the same moment wait on each other, copies spread them.
-DR_COPIES = 4
+# d r_k is accumulated with atomics into at most this many fp32 copies, summed after: programs that add into the same
+# slots at the same moment wait on each other, and copies spread them. Programs collide in lockstep: those of one
+# head walk their key tiles in step, and a tile's slots depend only on (query tile - key tile) (LaMemo's look-ahead:
+# every query tile starts at its diagonal, so all of them hit one band together). So the copy is chosen by lane
+# and query tile, (b * nQT + qt) mod G. On an H200 with 4 copies chosen by lane alone, LaMemo's look-ahead backward
+# (3x fewer pairs than Transformer-XL's) took longer than Transformer-XL's; 16 by (lane, query tile) is unmeasured.
+DR_COPIES = 16
 # Launch settings per kernel; benchmarks may change them.
 LAUNCH = {"fwd": dict(num_warps=4, num_stages=2), "bwd_kv": dict(num_warps=4, num_stages=2),
           "bwd_q": dict(num_warps=4, num_stages=2)}
@@ -59,7 +63,7 @@ def _spans(live: Tensor) -> Tensor:
     return torch.stack([first.clamp(max=end), end], dim=-1).to(torch.int32).contiguous()
 
 
-def triton_layout(structure: Tensor, key_valid: Tensor, block_q: int = 64, block_k: int = 64) -> TritonLayout:
+def triton_layout(structure: Tensor, key_valid: Tensor, block_q: int = 32, block_k: int = 32) -> TritonLayout:
     """structure [Q, K] bool (shared by the lanes), key_valid [B, K] bool -> the kernels' layout.
 
     A (query tile, key tile) pair is live for lane b when some pair inside is allowed; each tile visits the span
@@ -147,7 +151,7 @@ class _RelAttend(torch.autograd.Function):
         dq = _empty((B, Q, H, E), q.dtype, q.device)
         du = _empty((B, n_qt, H, E), torch.float32, q.device)  # per-tile partial sums of d bias_u
         dw = _empty((B, n_qt, H, E), torch.float32, q.device)  # and of d bias_v
-        copies = min(DR_COPIES, B)
+        copies = min(DR_COPIES, B * n_qt)
         dr = torch.zeros((copies, P, H, E), dtype=torch.float32, device=q.device)  # atomics add into it
         kernels.bwd_q_kernel[(B * H * n_qt,)](
             *inputs, layout.q_spans, d_out, lse, dl, dq, du, dw, dr,
@@ -186,8 +190,8 @@ def rel_attend_triton(
     need_lognorm: bool = True,
     *,
     layout: TritonLayout | None = None,  # triton_layout(structure, key_valid), when several calls share the mask
-    block_q: int = 64,
-    block_k: int = 64,
+    block_q: int = 32,  # 32 and 64 ran alike on an H200 (bench_triton_attention.py); 32 spills no registers
+    block_k: int = 32,
 ) -> tuple[Tensor, Tensor | None]:
     """Masked relative attention with slot d(i, j) = offset + sign * (i - j): the context [B, Q, H, E] (v's
     dtype) and the log-normaliser [B, Q, H] in fp32 (None unless need_lognorm), as `attention.attend` returns them.

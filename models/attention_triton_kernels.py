@@ -12,11 +12,11 @@ slot from its own row of pb with tl.gather (`_band`: slot = base + t(i, j)). No 
 no score reads global memory. Backward reverses the map: within one query row the slots of a tile are distinct,
 so the band's gradient is ds moved within rows (a gather again, by the inverse map), followed by two matmuls.
 
-Which key tiles a query tile visits (and the reverse) is a span [first, end) made on the host per lane
-(`attention_triton.triton_layout`) from the first and last tiles holding an allowed pair, so causal layouts skip
-the future and a lane's empty memory is skipped. A span, not a list: the callers' live tiles are contiguous (a
-dead tile inside a span is computed, fully masked, and stays correct), and contiguous key tiles are what lets the
-position gradient be carried from one tile to the next (bwd_q_kernel).
+Which key tiles a query tile visits (and the reverse) is a span [first, end) per lane, made by torch ops before
+the launch (`attention_triton.triton_layout`) from the first and last tiles holding an allowed pair, so causal
+layouts skip the future and a lane's empty memory is skipped. A span, not a list: the callers' live tiles are
+contiguous (a dead tile inside a span is computed, fully masked, and stays correct), and contiguous key tiles are
+what lets the position gradient be carried from one tile to the next (bwd_q_kernel).
 
 Softmax runs in base 2 (exp2 is the hardware instruction): scores are multiplied by log2(e) once per tile, and
 lse is stored in natural log. Products run on the keys' dtype (bf16/fp16 tensor cores; fp32 as `PREC` says) and
@@ -234,14 +234,15 @@ def bwd_q_kernel(
     SIGN: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr,
 ):
     """One program per (lane, head, query tile): dq over the live key tiles, this tile's share of the bias
-    gradients (du, dw partials [B, n_qt, H, E], summed on the host), and the band gradients of d r_k.
+    gradients (du, dw partials [B, n_qt, H, E], summed by torch after the launch), and the band gradients of d r_k.
 
     The band is handled as two halves of BK slots, lo = [base, base + BK) and hi = [base + BK, base + 2BK) (BQ = BK,
     so the 2BK - 1 slots fit). Consecutive key tiles of the span shift the band by exactly BK, so a
     half is shared by two neighbouring tiles: SIGN +1 moves the band down (tile kt + 1's hi = tile kt's lo), SIGN -1
     up (tile kt + 1's lo = tile kt's hi). The shared half is carried to the next tile and added there, so each slot
     leaves the program in one atomic add, not two (half the atomics into d r_k, one atomic site per tile). d r_k is
-    accumulated in fp32 in GROUPS copies (lane b adds into copy b % GROUPS) so lanes collide less."""
+    accumulated in fp32 in GROUPS copies (this program adds into copy (b * n_qt + qt) % GROUPS) so that programs
+    collide less (attention_triton.DR_COPIES says why)."""
     pid = tl.program_id(0)
     qt = pid % n_qt
     bh = pid // n_qt
@@ -257,7 +258,7 @@ def bwd_q_kernel(
     k_base = k_ptr + b * s_kb + h * s_kh
     v_base = v_ptr + b * s_vb + h * s_vh
     r_base = r_ptr + h * s_rh
-    dr_base = dr_ptr + (b % GROUPS) * s_dg + h * s_dh
+    dr_base = dr_ptr + ((b * n_qt + qt) % GROUPS) * s_dg + h * s_dh
     d_content = tl.zeros([BQ, BE], tl.float32)  # d qu
     d_position = tl.zeros([BQ, BE], tl.float32)  # d qv
     # With BQ = BK, a pair's band row t lies in [0, 2BK - 1): its half is t < BK (lo) or not (hi), its column in

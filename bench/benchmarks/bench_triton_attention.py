@@ -174,7 +174,11 @@ def main():
     for name, fn in baselines.items():
         try:
             start = time.perf_counter()
-            forward, both, _ = forward_backward(lambda *a, fn=fn: (fn(*a)[0], None), leaves, False)
+            def under_autocast(*a, fn=fn):  # bf16 activations beside fp32 biases, as in the model's step
+                with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                    return fn(*a)[0], None
+
+            forward, both, _ = forward_backward(under_autocast, leaves, False)
             both()
             first = time.perf_counter() - start
             fwd_ms, both_ms = timed(forward, device), timed(both, device)
