@@ -68,8 +68,9 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
         with disk_full.full_disk_is_one_line(run_dir):  # anywhere: one line naming the file and the last checkpoint
             return open_trainer(cfg, run_dir, resume=resume, reshard=reshard, overwrite=overwrite,
                                 reporter=reporter).fit(stop_at)
-    finally:
-        run_lock.release(run_dir)  # claim() took it; also when the start was refused
+    finally:  # also when the start was refused
+        heartbeat.stop()
+        run_lock.release(run_dir)  # claim() took it
 
 
 def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = False, reshard: bool = False,

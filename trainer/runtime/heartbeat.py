@@ -68,7 +68,8 @@ class Heartbeat:
             return f"{self.label}: still {self._what} ({now - self._since:.0f} s)"
 
     def _run(self) -> None:
-        while not self._stopped.wait(0.5):
+        tick = min(0.5, self.quiet_s / 4, self.every_s / 4)  # how late a line may come
+        while not self._stopped.wait(tick):
             line = self.line_due()
             if line is None:
                 continue
