@@ -39,20 +39,19 @@ _held: dict[str, "RunLock"] = {}  # by resolved folder: this process's locks (a 
 
 
 class RunLock:
-    def __init__(self, run_dir: Path, file):
-        self.run_dir, self.file = run_dir, file
+    def __init__(self, run_dir: Path, fd: int):
+        self.run_dir, self.fd = run_dir, fd
 
     def release(self) -> None:
         """Empty the file (so nobody takes this for a dead run's lock) and unlock it."""
-        if self.file is None:
+        if self.fd is None:
             return
         try:
-            self.file.seek(0)
-            self.file.truncate()
-        except OSError:  # a full disk cannot stop the unlock
+            os.ftruncate(self.fd, 0)
+        except OSError:
             pass
-        self.file.close()  # closing the descriptor releases the flock
-        self.file = None
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
         _held.pop(_key(self.run_dir), None)
 
 
@@ -61,26 +60,28 @@ def acquire(run_dir: Path, who: str = "memlm train") -> RunLock:
     A lock this process already holds is returned as it is."""
     run_dir = Path(run_dir)
     held = _held.get(_key(run_dir))
-    if held is not None and held.file is not None:
+    if held is not None and held.fd is not None:
         return held
     run_dir.mkdir(parents=True, exist_ok=True)
-    file = open(run_dir / LOCK_FILE, "a+")
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = _read(file) or "another process"
-        file.close()
+        holder = _read(fd) or "another process"
+        os.close(fd)
         raise RunFolderBusy(f"{run_dir} is being trained into by {holder}: wait for that run to end or stop it, or "
                             "pass --out NEW_DIR to start a separate run") from None
-    left = _read(file)
+    left = _read(fd)
     if left:
         print(f"memlm train: {run_dir / LOCK_FILE} named {left}, which ended without releasing it (killed?); "
               "this run takes the folder over", file=sys.stderr, flush=True)
-    file.seek(0)
-    file.truncate()
-    file.write(f"{who} pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    file.flush()
-    lock = RunLock(run_dir, file)
+    holder = f"{who} pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+    except OSError:  # a full disk: the flock alone guards the folder, and the run's next write says what is wrong
+        pass
+    lock = RunLock(run_dir, fd)
     _held[_key(run_dir)] = lock
     return lock
 
@@ -92,9 +93,8 @@ def release(run_dir: Path) -> None:
         held.release()
 
 
-def _read(file) -> str:
-    file.seek(0)
-    return file.read().strip()
+def _read(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
 
 
 def _key(run_dir: Path) -> str:
