@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import causal_allowed, causal_index, relative_encodings
+from .attention import causal_index, relative_encodings
 from .backbone import Backbone
+from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 
 
@@ -83,8 +84,9 @@ class TransformerXL(Backbone):
         valid = reset_valid(memory.valid, reset)
         h = self.embed_tokens(tokens)  # [B, N, D]
 
-        allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
-        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
+        layout = causal_layout(N, M, valid, cfg.same_length)
+        allowed = layout.allowed  # [B, N, K]
+        kernel_mask = self.kernel_mask(layout)  # None on the einsum path
         pos_index = causal_index(N, M, tokens.device)  # [N, K]
         r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -96,7 +98,7 @@ class TransformerXL(Backbone):
             if M:
                 new_hidden.append(cut(last_rows(mem_in, h, M)))
             h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), block_mask, self.record_to("causal", l))
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l))
 
         nll, logits = self.predict(h, targets, return_logits)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
