@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunked_nll import chunked_linear_nll
+from .adaptive_nll import HeadLayout, adaptive_nll, head_index
+from .head_plan import TailPlan, tail_plan
 
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
@@ -104,6 +105,7 @@ class AdaptiveLogSoftmax(nn.Module):
         for i, (n, w) in enumerate(zip(sizes, widths[:n_tables])):  # direct parameters: see add_projections
             setattr(self, f"weight{i}", nn.Parameter(torch.empty(n, w).normal_(0.0, init_std)))
         add_projections(self, widths[:n_tables], d_proj, init_std)
+        self.layout = HeadLayout.of(self.bounds, div_val)  # the chunked path's static description (Python ints)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         # Tail-cluster logits of the head; absent without cutoffs (zero-size parameters break ZeRO-3 partitioning).
         if self.n_clusters > 1:
@@ -150,13 +152,16 @@ class AdaptiveLogSoftmax(nn.Module):
             logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
         return F.log_softmax(logits.float(), dim=-1)
 
-    def forward(self, hidden: Tensor, targets: Tensor | None,
-                want_logprobs: bool) -> tuple[Tensor | None, Tensor | None]:
+    def forward(self, hidden: Tensor, targets: Tensor | None, want_logprobs: bool,
+                plan: TailPlan | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """plan: which rows each tail cluster scores (head_plan.tail_plan of these targets, built on the host): with
+        it the chunked NLL has no host sync and compiles whole. Read only by the chunked NLL (training); without it
+        that path finds the rows itself (one sync per tail cluster)."""
         B, N, D = hidden.shape
         flat = hidden.reshape(B * N, D)
         head_input = self._project_in(flat, 0)
         if targets is not None and not want_logprobs and self._chunked(hidden.device):
-            return self._target_nll_chunked(flat, head_input, targets.reshape(-1)).view(B, N), None
+            return self._target_nll_chunked(flat, head_input, targets.reshape(-1), plan).view(B, N), None
         head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
         logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
@@ -171,32 +176,36 @@ class AdaptiveLogSoftmax(nn.Module):
     def _chunked(self, device: torch.device) -> bool:
         return self.head_loss == "chunked" or (self.head_loss == "auto" and device.type == "cuda")
 
-    def _head_index(self, safe: Tensor) -> Tensor:
-        """[T]: the head column each target is scored by: its own (shortlist), else its tail cluster's logit."""
-        if self.n_clusters == 1:
-            return safe
-        cutoffs = torch.tensor([lo for lo, _ in self.bounds[1:]], device=safe.device)
-        cluster = torch.bucketize(safe, cutoffs, right=True)  # 0 for the head, i for tail cluster i
-        return torch.where(cluster == 0, safe, self.shortlist + cluster - 1)
-
-    def _target_nll_chunked(self, flat: Tensor, head_input: Tensor, tgt: Tensor) -> Tensor:
-        """`_target_nll` with the head's part from chunked_linear_nll: the head's [T, shortlist + C - 1] log-probs are
-        never held whole."""
+    def _target_nll_chunked(self, flat: Tensor, head_input: Tensor, tgt: Tensor, plan: TailPlan | None) -> Tensor:
+        """The head and the tails in tiles (adaptive_nll.py): no [T, V_i] logits held whole, each tail only on the
+        rows the plan gives it, one gradient per table."""
         safe = tgt.clamp(min=0)
-        weight = self.weights[0][: self.shortlist]  # the shortlist: table 0's first rows (all of it with div_val > 1)
-        bias = self.bias[: self.shortlist]
-        if self.n_clusters > 1:
-            weight = torch.cat([weight, self.cluster_weight.to(weight.dtype)])
-            bias = torch.cat([bias, self.cluster_bias.to(bias.dtype)])
-        nll = chunked_linear_nll(head_input, weight, bias, self._head_index(safe))
-        if self.n_clusters > 1:
-            nll = nll + self._tail_nll(flat, head_input, safe)
+        rows = self._planned_rows(safe, plan) if self.n_clusters > 1 else ()
+        tail_xs = [] if self.layout.shared_input else [self._project_in(flat.index_select(0, r.clamp(min=0)), i)
+                                                       for i, r in enumerate(rows, start=1)]
+        cluster = (self.cluster_weight, self.cluster_bias) if self.n_clusters > 1 else (None, None)
+        nll = adaptive_nll(self.layout, head_input, safe, self.bias, *cluster, self.weights, rows, tail_xs)
         return nll.masked_fill(tgt < 0, 0.0)
+
+    def _planned_rows(self, safe: Tensor, plan: TailPlan | None) -> tuple[Tensor, ...]:
+        """Per tail cluster, the rows it scores: the plan's, checked on the device against the targets (no sync: a
+        plan from other targets stops the run at its next sync instead of training on a wrong loss), or found here."""
+        if plan is None:
+            return _find_tail_nll_rows(safe, self.bounds).rows
+        if plan.bounds != tuple(self.bounds[1:]):
+            raise ValueError(f"tail plan for clusters {plan.bounds}, the head has {tuple(self.bounds[1:])}")
+        for (lo, hi), rows in zip(plan.bounds, plan.rows):
+            read, real = rows.clamp(min=0), rows >= 0
+            target = safe.index_select(0, read)
+            inside = (safe >= lo) & (safe < hi)
+            torch._assert_async(((~real) | ((target >= lo) & (target < hi))).all()
+                                & (real.sum() == inside.sum()), "tail plan does not match the targets")
+        return plan.rows
 
     def _target_nll(self, flat: Tensor, head_input: Tensor, head: Tensor, tgt: Tensor) -> Tensor:
         """Only the clusters that hold a target are evaluated, and only on those positions."""
         safe = tgt.clamp(min=0)
-        nll = -head.gather(1, self._head_index(safe)[:, None]).squeeze(1)
+        nll = -head.gather(1, head_index(safe, self.layout)[:, None]).squeeze(1)  # its own column or its cluster's
         return nll + self._tail_nll(flat, head_input, safe) if self.n_clusters > 1 else nll
 
     @torch.compiler.disable
@@ -223,3 +232,11 @@ class AdaptiveLogSoftmax(nn.Module):
             tail = F.log_softmax(self._cluster_logits(self._tail_input(flat, head_input, i), i).float(), dim=-1)
             parts.append(head[:, self.shortlist + i - 1 : self.shortlist + i] + tail)
         return torch.cat(parts, dim=-1)
+
+
+@torch.compiler.disable
+def _find_tail_nll_rows(safe: Tensor, bounds: list[tuple[int, int]]) -> TailPlan:
+    """No plan given: find each tail's rows on the device (`nonzero`, one host sync per tail cluster). Outside
+    torch.compile (data-dependent sizes); its rows are marked dynamic, so the graph after it is not recompiled for
+    each new count."""
+    return tail_plan(safe, [lo for lo, _ in bounds[1:]], bounds[-1][1])
