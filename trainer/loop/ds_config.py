@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 
+def trainer_clips(cfg) -> bool:
+    """Whether memlm clips the gradients itself rather than DeepSpeed: at ZeRO-0 in fp32, where the trainer has
+    the global gradient norm already (its non-finite check, train.py) and DeepSpeed would compute it again, one
+    parameter at a time, and build its clip factors from Python floats: two blocking host-to-device copies per
+    step on a GPU. ZeRO 1-3 and DeepSpeed's bf16/fp16 optimizers clip inside their own step (fp16 after unscaling)."""
+    return cfg.deepspeed.zero_stage == 0 and cfg.deepspeed.precision == "fp32" and cfg.train.clip > 0
+
+
 def deepspeed_config(cfg, world_size: int) -> dict:
     """DeepSpeed config dict for `cfg` (RunConfig) on `world_size` ranks.
 
@@ -29,7 +37,7 @@ def deepspeed_config(cfg, world_size: int) -> dict:
         "train_micro_batch_size_per_gpu": cfg.data.batch_size,
         "gradient_accumulation_steps": t.grad_accum,
         "train_batch_size": cfg.data.batch_size * t.grad_accum * world_size,
-        "gradient_clipping": t.clip,
+        "gradient_clipping": 0.0 if trainer_clips(cfg) else t.clip,  # train.clip is applied either way
         "optimizer": {"type": opt_type, "params": params},
         "zero_optimization": zero,
         "steps_per_print": 10**9,  # the trainer logs; DeepSpeed's own lines would duplicate them

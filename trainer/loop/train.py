@@ -40,6 +40,7 @@ from memlm.trainer.runtime import distributed, faults, heartbeat
 from memlm.trainer.runtime import process as runtime
 
 from . import nonfinite
+from .ds_config import trainer_clips
 from .preemption import Interrupted, Preempted, StopRequest
 from .step_figures import StepFigures
 
@@ -355,9 +356,12 @@ class Trainer:
         if self.cfg.deepspeed.zero_stage == 0:
             # The gradients are whole (and averaged over ranks) here, so their norm is the global one, before
             # clipping, as ZeRO reports it. One pass over them: the check a plain torch optimizer lacks.
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+            params = [p for p in self.engine.module.parameters() if p.grad is not None]
+            norm = (torch.nn.utils.get_total_norm([p.grad for p in params]) if params else
+                    torch.zeros((), device=self.device))
             bad_grad, grad_norm = ~torch.isfinite(norm), norm
+            if params and trainer_clips(self.cfg):  # DeepSpeed's clip_grad_norm_ rule from this norm: no host value
+                torch.nn.utils.clip_grads_with_norm_(params, self.cfg.train.clip, norm)
         return StepFigures.summed(nll, count, inputs, bad_loss, bad_grad, stop, self.info.world_size, grad_norm)
 
     def _skipped(self, figures: StepFigures) -> dict:
