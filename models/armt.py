@@ -41,6 +41,7 @@ from .attention import causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, matmul_flops, txl_layers
+from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import TXLMemory
@@ -150,6 +151,7 @@ class AssociativeRMT(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -175,7 +177,7 @@ class AssociativeRMT(Backbone):
             new_assoc.append(a)
             new_norm.append(z)
 
-        nll, logits = self.predict(h[:, :N], targets, return_logits)
+        nll, logits = self.predict(h[:, :N], targets, return_logits, tail_plan)
         new_memory = ARMTMemory(assoc=new_assoc, norm=new_norm, fresh=torch.zeros_like(fresh),
                                 transitions=transitions + 1, cache=memory.cache)
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import RelativeLayer, attend
 from .config import ModelConfig
+from .head_plan import TailPlan
 from .mask_layout import MaskLayout, TritonMask
 
 
@@ -120,9 +121,11 @@ class Backbone(nn.Module):
         """tokens [B, N] -> dropped-out embeddings [B, N, D]."""
         return self.drop(self.embed(tokens))
 
-    def predict(self, hidden: Tensor, targets: Tensor | None,
-                return_logits: bool) -> tuple[Tensor | None, Tensor | None]:
-        """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None)."""
+    def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool,
+                tail_plan: TailPlan | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None). tail_plan: the adaptive softmax's
+        tail rows of these targets, built on the host (head_plan.py); without it the head finds them on the device,
+        at a host sync per tail cluster."""
         if targets is None and not return_logits:  # e.g. RMT's replayed segments, which only carry memory
             return None, None
-        return self.head(self.drop(self.final_norm(hidden)), targets, return_logits)
+        return self.head(self.drop(self.final_norm(hidden)), targets, return_logits, plan=tail_plan)

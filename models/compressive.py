@@ -31,6 +31,7 @@ from .attention import RelativeLayer, causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, txl_layers
+from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
@@ -112,6 +113,7 @@ class CompressiveTransformer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -149,7 +151,7 @@ class CompressiveTransformer(Backbone):
                                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l),
                                 kernel_mask, self.record_to("causal", l))
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = CompressiveMemory(
             hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M),
             compressed=new_compressed,

@@ -48,6 +48,7 @@ from .attention import RelativeLayer, attend, causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, txl_layers
+from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
@@ -199,6 +200,7 @@ class InfiniteFormer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -234,7 +236,7 @@ class InfiniteFormer(Backbone):
                                                            mu, sigma_sq)))
             h = h_out
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = InfiniteFormerMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M),
                                           coefficients=new_coefficients)
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)

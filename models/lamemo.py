@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .attention import RelativeLayer, attend, causal_index, relative_encodings, spread_masked
 from .backbone import Backbone
+from .head_plan import TailPlan
 from .mask_layout import MaskLayout, causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
@@ -99,6 +100,7 @@ class LaMemo(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -147,7 +149,7 @@ class LaMemo(Backbone):
             new_context.append(cut(ctx_all[:, -M:]))
             new_lognorm.append(cut(lognorm_all[:, -M:]))
 
-        nll, logits = self.predict(rows, targets, return_logits)  # the last layer's rows: the segment's
+        nll, logits = self.predict(rows, targets, return_logits, tail_plan)  # the last layer's rows: the segment's
         new_memory = LaMemoMemory(
             embed=cut(torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:]),
             context=new_context,

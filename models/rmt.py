@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .attention import relative_encodings, spread_masked
 from .backbone import Backbone
+from .head_plan import TailPlan
 from .mask_layout import MaskLayout
 from .output import ModelOutput, cut
 from .txl import TXLMemory, last_rows, reset_valid, roll_valid
@@ -194,6 +195,7 @@ class RecurrentMemoryTransformer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -221,7 +223,7 @@ class RecurrentMemoryTransformer(Backbone):
                                 self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("rmt", l))
 
         _, hidden, write = h.split([R, N, R], dim=1)
-        nll, logits = self.predict(hidden, targets, return_logits)
+        nll, logits = self.predict(hidden, targets, return_logits, tail_plan)
         new_memory = RMTMemory(
             tokens=write,
             fresh=torch.zeros_like(memory.fresh),

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .attention import causal_index, relative_encodings
 from .backbone import Backbone
+from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 
@@ -77,6 +78,7 @@ class TransformerXL(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -100,6 +102,6 @@ class TransformerXL(Backbone):
             h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
                                 self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l))
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
