@@ -239,4 +239,4 @@ def _find_tail_nll_rows(safe: Tensor, bounds: list[tuple[int, int]]) -> TailPlan
     """No plan given: find each tail's rows on the device (`nonzero`, one host sync per tail cluster). Outside
     torch.compile (data-dependent sizes); its rows are marked dynamic, so the graph after it is not recompiled for
     each new count."""
-    return tail_plan(safe, [lo for lo, _ in bounds[1:]], bounds[-1][1])
+    return tail_plan(safe, [lo for lo, _ in bounds[1:]], bounds[-1][1], host=False)

@@ -37,10 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import causal_allowed, causal_index, relative_encodings
+from .attention import causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, matmul_flops, txl_layers
+from .head_plan import TailPlan
+from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import TXLMemory
 
@@ -149,6 +151,7 @@ class AssociativeRMT(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -158,8 +161,9 @@ class AssociativeRMT(Backbone):
         assoc, norm, fresh, transitions = self.state_in(memory, reset, x.dtype)
         h = self.drop(torch.cat([x, learned["memory_init"].to(x.dtype)[None].expand(B, -1, -1)], dim=1))  # [B, T, D]
         none = memory.cache.valid.new_zeros(B, 0)
-        allowed = causal_allowed(N + R, 0, none, False)  # [B, T, T]
-        block_mask = self.flex_mask(allowed, B)
+        layout = causal_layout(N + R, 0, none, False)
+        allowed = layout.allowed  # [B, T, T]
+        kernel_mask = self.kernel_mask(layout)
         pos_index = causal_index(N + R, 0, tokens.device)  # [T, T]
         r = self.drop(relative_encodings(torch.arange(N + R, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -168,12 +172,12 @@ class AssociativeRMT(Backbone):
         for l, layer in enumerate(self.layers):
             h = h + self.assoc[l].read(h, assoc[l], norm[l])
             h = self.layer_step(layer, h, empty, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), block_mask, None)
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, None)
             a, z = self.assoc[l].write(h[:, N:], assoc[l], norm[l], fresh)
             new_assoc.append(a)
             new_norm.append(z)
 
-        nll, logits = self.predict(h[:, :N], targets, return_logits)
+        nll, logits = self.predict(h[:, :N], targets, return_logits, tail_plan)
         new_memory = ARMTMemory(assoc=new_assoc, norm=new_norm, fresh=torch.zeros_like(fresh),
                                 transitions=transitions + 1, cache=memory.cache)
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from .mask_layout import TritonMask, causal_layout
+
 
 def sinusoid(distances: Tensor, dim: int) -> Tensor:
     """R(d) for each (possibly negative) distance: [P] -> [P, dim], sines then cosines as in Transformer-XL."""
@@ -78,7 +80,7 @@ def attend(
     per_key_positions: bool = False,
     need_lognorm: bool = True,
     record: Callable[[Tensor], None] | None = None,
-    flex_block_mask=None,
+    kernel_mask=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Masked relative attention. Returns the context [B, Q, H, E] and the log-normaliser [B, Q, H] in fp32
     (None when need_lognorm is False: Transformer-XL and RMT discard it, and a plain softmax is cheaper).
@@ -89,15 +91,22 @@ def attend(
     log-normalisers that LaMemo caches are exact under autocast.
     record: called with the attention weights [B, H, Q, K] (before attention dropout) when given; analyses
     (`memlm analyze`) pass one through `Backbone.recorder`, everything else passes None and pays nothing.
-    flex_block_mask: `attention_flex.flex_mask(allowed, B)` when the model runs FlexAttention (model.attention);
-    this call then goes through `flex_attend`, unless it needs what only this path has (attention dropout in
-    training, recording, per-key positions).
+    kernel_mask: `Backbone.kernel_mask(layout)`: a FlexAttention BlockMask (model.attention flex) or a
+    `TritonMask` (triton); this call then goes through that kernel, unless it needs what only this path has
+    (attention dropout in training, recording; per-key positions for FlexAttention, which the Triton kernels
+    cover by reading only the position rows a tile needs).
     """
-    if flex_block_mask is not None and record is None and not per_key_positions and not (
-            dropatt.training and getattr(dropatt, "p", 0.0) > 0):
-        from .attention_flex import flex_attend
+    if kernel_mask is not None and record is None and not (dropatt.training and getattr(dropatt, "p", 0.0) > 0):
+        if isinstance(kernel_mask, TritonMask):
+            from .attention_triton import rel_attend_triton
 
-        return flex_attend(q, k, v, r_k, pos_index, flex_block_mask, bias_u, bias_v, need_lognorm)
+            layout = kernel_mask.layout
+            return rel_attend_triton(q, k, v, r_k, bias_u, bias_v, None, None, layout.offset, layout.sign,
+                                     need_lognorm, layout=kernel_mask.tiles)
+        if not per_key_positions:
+            from .attention_flex import flex_attend
+
+            return flex_attend(q, k, v, r_k, pos_index, kernel_mask, bias_u, bias_v, need_lognorm)
     B, Q, H, E = q.shape
     K = k.shape[1]
     scale = 1.0 / math.sqrt(E)
@@ -252,19 +261,8 @@ def spread_masked(slot: Tensor, n_slots: int) -> Tensor:
 
 
 def causal_allowed(n_query: int, n_mem: int, mem_valid: Tensor, same_length: bool) -> Tensor:
-    """[B, Q, M+Q] bool: causal over the current block, memory slots only where valid.
-
-    With same_length (and a memory) every query sees exactly n_mem keys, itself and the n_mem - 1 before it,
-    as Transformer-XL's evaluation option does, so every prediction has the same context length.
-    """
-    device = mem_valid.device
-    q_pos = torch.arange(n_query, device=device)[:, None] + n_mem
-    k_pos = torch.arange(n_mem + n_query, device=device)[None, :]
-    allowed = k_pos <= q_pos
-    if same_length and n_mem > 0:
-        allowed = allowed & (q_pos - k_pos < n_mem)
-    key_valid = torch.cat([mem_valid, mem_valid.new_ones(mem_valid.shape[0], n_query)], dim=1)  # [B, K]
-    return allowed[None] & key_valid[:, None, :]
+    """[B, Q, M+Q] bool: causal over the current block, memory slots only where valid (`causal_layout`)."""
+    return causal_layout(n_query, n_mem, mem_valid, same_length).allowed
 
 
 def relative_encodings(distances: Tensor, d_model: int, clamp_len: int, dtype: torch.dtype) -> Tensor:

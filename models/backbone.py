@@ -14,6 +14,8 @@ from torch import Tensor, nn
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import RelativeLayer, attend
 from .config import ModelConfig
+from .head_plan import TailPlan
+from .mask_layout import MaskLayout, TritonMask
 
 
 class LearnedTensors(nn.Module):
@@ -71,15 +73,20 @@ class Backbone(nn.Module):
             return None
         return lambda tensor: recorder.add(kind, layer, tensor)
 
-    def flex_mask(self, allowed: Tensor, lanes: int):
-        """The FlexAttention mask of `allowed` for this forward when model.attention picks FlexAttention on this
-        device ("flex"; "auto" on CUDA), else None (the einsum path). Built once per forward, shared by the layers."""
+    def kernel_mask(self, layout: MaskLayout):
+        """The mask `attend` takes for this forward's attention kernel (model.attention): a FlexAttention BlockMask
+        ("flex"; "auto" on CUDA), a TritonMask ("triton"), or None (the einsum path). Built once per forward,
+        shared by the layers."""
         choice = self.cfg.attention
-        if choice == "eager" or (choice == "auto" and allowed.device.type != "cuda"):
+        if choice == "eager" or (choice == "auto" and layout.structure.device.type != "cuda"):
             return None
+        if choice == "triton":
+            from .attention_triton import triton_layout
+
+            return TritonMask(layout, triton_layout(layout.structure, layout.key_valid))
         from .attention_flex import flex_mask
 
-        return flex_mask(allowed, lanes)
+        return flex_mask(layout.allowed, layout.key_valid.shape[0])
 
     def layer_step(
         self,
@@ -91,14 +98,14 @@ class Backbone(nn.Module):
         allowed: Tensor,  # [B or 1, Q, M + Q] bool
         bias_u: Tensor,  # [H, E]
         bias_v: Tensor,  # [H, E]
-        block_mask,  # flex_mask(allowed) or None (einsum path)
+        kernel_mask,  # kernel_mask(layout) or None (einsum path)
         record: Callable[[Tensor], None] | None,
     ) -> Tensor:
         """One decoder layer over h attending to its cache and itself (Transformer-XL's recurrence, RMT's cache):
         the new h [B, Q, D]. LaMemo has its own. `compile_layers` compiles this, the one graph every layer reuses."""
         q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # k, v [B, K, H, E]
         context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
-                            layer.attn.dropatt, need_lognorm=False, record=record, flex_block_mask=block_mask)
+                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask)
         return layer.finish(h, context)
 
     def compile_layers(self, **options) -> None:
@@ -114,9 +121,11 @@ class Backbone(nn.Module):
         """tokens [B, N] -> dropped-out embeddings [B, N, D]."""
         return self.drop(self.embed(tokens))
 
-    def predict(self, hidden: Tensor, targets: Tensor | None,
-                return_logits: bool) -> tuple[Tensor | None, Tensor | None]:
-        """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None)."""
+    def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool,
+                tail_plan: TailPlan | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """hidden [B, N, D] -> (nll [B, N] or None, log-probs [B, N, V] or None). tail_plan: the adaptive softmax's
+        tail rows of these targets, built on the host (head_plan.py); without it the head finds them on the device,
+        at a host sync per tail cluster."""
         if targets is None and not return_logits:  # e.g. RMT's replayed segments, which only carry memory
             return None, None
-        return self.head(self.drop(self.final_norm(hidden)), targets, return_logits)
+        return self.head(self.drop(self.final_norm(hidden)), targets, return_logits, plan=tail_plan)

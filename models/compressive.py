@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import RelativeLayer, causal_allowed, causal_index, relative_encodings
+from .attention import RelativeLayer, causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, txl_layers
+from .head_plan import TailPlan
+from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
 
@@ -111,6 +113,7 @@ class CompressiveTransformer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -120,8 +123,9 @@ class CompressiveTransformer(Backbone):
         h = self.embed_tokens(tokens)  # [B, N, D]
 
         P = C + M
-        allowed = causal_allowed(N, P, torch.cat([compressed_valid, valid], dim=1), cfg.same_length)  # [B, N, P + N]
-        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
+        layout = causal_layout(N, P, torch.cat([compressed_valid, valid], dim=1), cfg.same_length)
+        allowed = layout.allowed  # [B, N, P + N]
+        kernel_mask = self.kernel_mask(layout)  # None on the einsum path
         pos_index = causal_index(N, P, tokens.device)  # [N, P + N]
         r = self.drop(relative_encodings(torch.arange(P + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -145,9 +149,9 @@ class CompressiveTransformer(Backbone):
                                                                 new_slots_valid))
             h = self.layer_step(layer, h, torch.cat([compressed_in, mem_in], dim=1), r, pos_index, allowed,
                                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l),
-                                block_mask, self.record_to("causal", l))
+                                kernel_mask, self.record_to("causal", l))
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = CompressiveMemory(
             hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M),
             compressed=new_compressed,

@@ -7,13 +7,14 @@ model built with another (docs/design.md §3).
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields
 
 from .registry import ARCHITECTURES, ARCHS, arch_spec  # noqa: F401 - ARCHS is read from here too
 
 RPE_KINDS = ("disentangled", "xl")
 BPTT_MODES = ("window", "chunk")
-ATTENTION_KERNELS = ("auto", "eager", "flex")
+ATTENTION_KERNELS = ("auto", "eager", "flex", "triton")
 HEAD_LOSSES = ("auto", "full", "chunked")
 COMPRESSIONS = ("conv", "mean", "max")  # Compressive Transformer: 1D convolution (the paper's best) or pooling
 # RMT's window BPTT: four choices where memlm's training step and the RMT authors' loop (booydar/LM-RMT) differ.
@@ -56,7 +57,9 @@ class ModelConfig:
     same_length: bool = False  # every query sees the same number of keys (Transformer-XL evaluation option)
     init_std: float = 0.02
     # How attention runs: "eager" (einsums; the reference, and the CPU path), "flex" (FlexAttention, one fused kernel
-    # on CUDA; models/attention_flex.py), "auto" = flex on CUDA, eager elsewhere. Same function either way.
+    # on CUDA; models/attention_flex.py), "triton" (memlm's own kernels, the position term made per tile;
+    # models/attention_triton.py; CUDA, or a CPU under TRITON_INTERPRET=1), "auto" = flex on CUDA, eager elsewhere.
+    # Same function either way.
     attention: str = "auto"
     # How training computes the softmax head's NLL: "full" (fp32 [T, V] log-probabilities), "chunked" (a chunk of rows
     # at a time, never the whole [T, V]; models/chunked_nll.py), "auto" = chunked on CUDA. Same function either way.
@@ -144,6 +147,9 @@ class ModelConfig:
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"model.attention: unknown kernel {self.attention!r}; "
                               f"valid: {', '.join(ATTENTION_KERNELS)}")
+        if self.attention == "triton" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("model.attention: triton needs the triton package (pip install triton==3.9.0), or "
+                              "choose auto, eager or flex")
         if self.head_loss not in HEAD_LOSSES:
             raise ConfigError(f"model.head_loss: unknown kind {self.head_loss!r}; valid: {', '.join(HEAD_LOSSES)}")
         if self.init_std <= 0:

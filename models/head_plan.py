@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,16 +45,20 @@ def tail_bounds(cutoffs: Sequence[int], vocab_size: int) -> tuple[tuple[int, int
     return tuple(zip(edges[:-1], edges[1:]))
 
 
-def tail_plan(targets: Tensor, cutoffs: Sequence[int], vocab_size: int, multiple: int = ROW_MULTIPLE) -> TailPlan:
+def tail_plan(targets: Tensor, cutoffs: Sequence[int], vocab_size: int, multiple: int = ROW_MULTIPLE,
+              host: bool = True) -> TailPlan:
     """targets [B, N] (any shape; -100 = ignored, in no cluster) -> the rows of targets.reshape(-1) in each tail
     cluster [cutoffs[i], cutoffs[i + 1]) (the last up to vocab_size), ascending, padded with -1.
 
-    Meant for host tensors. On a device it works too, at one host sync per cluster (`nonzero`): the head's
-    fallback when it is given no plan."""
+    host=True (the trainer's plan): targets must be a host tensor (read through numpy, no device op at all).
+    host=False: targets on any device, at one host sync per cluster (`nonzero`) on a GPU: the head's fallback when
+    it is given no plan."""
     flat = targets.reshape(-1)
     plan = []
     for lo, hi in tail_bounds(cutoffs, vocab_size):
-        rows = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
+        inside = (flat >= lo) & (flat < hi)
+        # host: through numpy, which refuses device tensors, so a plan meant to cost no sync never does one
+        rows = torch.from_numpy(np.flatnonzero(inside.numpy())) if host else inside.nonzero().squeeze(1)
         size = max(multiple, -(-rows.numel() // multiple) * multiple)
         plan.append(_dynamic(torch.cat([rows, rows.new_full((size - rows.numel(),), -1)])))
     return TailPlan(tail_bounds(cutoffs, vocab_size), tuple(plan))

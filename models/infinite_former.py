@@ -44,10 +44,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings
+from .attention import RelativeLayer, attend, causal_index, relative_encodings
 from .backbone import Backbone
 from .decoders import TXLDecoder
 from .flops import layer_dims, txl_layers
+from .head_plan import TailPlan
+from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
 
@@ -198,6 +200,7 @@ class InfiniteFormer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -207,8 +210,9 @@ class InfiniteFormer(Backbone):
             else ~reset.to(tokens.device)  # [B] lanes whose long-term memory carries on
         h = self.embed_tokens(tokens)  # [B, N, D]
 
-        allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, M + N]
-        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
+        layout = causal_layout(N, M, valid, cfg.same_length)
+        allowed = layout.allowed  # [B, N, M + N]
+        kernel_mask = self.kernel_mask(layout)  # None on the einsum path
         pos_index = causal_index(N, M, tokens.device)  # [N, M + N]
         r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -226,13 +230,13 @@ class InfiniteFormer(Backbone):
                 new_hidden.append(cut(rows[:, N:]))
             h_out, mu, sigma_sq = self.layer_step(
                 layer, self.long_term[l], h, mem_in, coefficients, r, pos_index, allowed,
-                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), block_mask,
+                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), kernel_mask,
                 self.record_to("causal", l))
             new_coefficients.append(cut(self.update_signal(fit, coefficients, rows[:, :N] * leaving_valid[..., None],
                                                            mu, sigma_sq)))
             h = h_out
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = InfiniteFormerMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M),
                                           coefficients=new_coefficients)
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
@@ -244,13 +248,13 @@ class InfiniteFormer(Backbone):
         h: Tensor,  # [B, N, D]
         cached: Tensor,  # [B, M, D] the short-term memory
         coefficients: Tensor,  # [B, J, D] the long-term signal
-        r: Tensor, pos_index: Tensor, allowed: Tensor, bias_u: Tensor, bias_v: Tensor, block_mask, record,
+        r: Tensor, pos_index: Tensor, allowed: Tensor, bias_u: Tensor, bias_v: Tensor, kernel_mask, record,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Backbone.layer_step with the long-term memory's output added to the attention's: the new h [B, N, D],
         and the densities' mu, sigma^2 [B, H, N] (sticky memories read them)."""
         q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # [B, *, H, E]
         context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
-                            layer.attn.dropatt, need_lognorm=False, record=record, flex_block_mask=block_mask)
+                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask)
         recalled, mu, sigma_sq = long_term(q, coefficients)
         return layer.finish(h, context, extra=recalled), mu, sigma_sq
 

@@ -30,8 +30,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings, spread_masked
+from .attention import RelativeLayer, attend, causal_index, relative_encodings, spread_masked
 from .backbone import Backbone
+from .head_plan import TailPlan
+from .mask_layout import MaskLayout, causal_layout
 from .output import ModelOutput, cut, map_memory
 from .txl import reset_valid, roll_valid
 
@@ -56,14 +58,21 @@ class LaMemoMemory:
 def lookahead_layout(n_mem: int, n_cur: int, key_valid: Tensor) -> tuple[int, Tensor, Tensor]:
     """Where the look-ahead window starts in the K keys, which (memory query, window key) pairs are allowed
     ([B, M, W]) and the distance slot p - i - 1 of each pair ([M, W]); distances run 1..M."""
-    device = key_valid.device
+    start, layout = lookahead_mask_layout(n_mem, n_cur, key_valid)
+    window = torch.arange(start, n_mem + 1, device=key_valid.device)[None, :]
+    ahead = window - torch.arange(n_mem, device=key_valid.device)[:, None]  # [M, W] p - i
+    return start, layout.allowed, spread_masked(ahead - 1, n_mem)  # M distances 1..M: slots 0..M-1
+
+
+def lookahead_mask_layout(n_mem: int, n_cur: int, key_valid: Tensor) -> tuple[int, MaskLayout]:
+    """The look-ahead window's start in the K keys ([B, K] key_valid) and its mask: memory query i reads window
+    keys p > i, at slot p - i - 1 = (start - 1) - (i - j) for window column j."""
     window = min(n_mem, n_cur)
     start = n_mem + 1 - window  # the window ends at key n_mem: the first token of the current segment
-    key_pos = torch.arange(start, n_mem + 1, device=device)[None, :]
-    query_pos = torch.arange(n_mem, device=device)[:, None]
-    ahead = key_pos - query_pos  # [M, W] p - i
-    allowed = (ahead > 0)[None] & key_valid[:, None, start : n_mem + 1]
-    return start, allowed, spread_masked(ahead - 1, n_mem)  # M distances 1..M: slots 0..M-1
+    key_pos = torch.arange(start, n_mem + 1, device=key_valid.device)[None, :]
+    query_pos = torch.arange(n_mem, device=key_valid.device)[:, None]
+    structure = key_pos - query_pos > 0  # [M, W]
+    return start, MaskLayout(structure, key_valid[:, start : n_mem + 1], offset=start - 1, sign=-1)
 
 
 class LaMemo(Backbone):
@@ -91,6 +100,7 @@ class LaMemo(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -102,13 +112,16 @@ class LaMemo(Backbone):
         dtype = h_cur.dtype
         h_mem = memory.embed.to(dtype)  # [B, M, D]
 
-        allowed_cur = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
+        layout_cur = causal_layout(N, M, valid, cfg.same_length)
+        allowed_cur = layout_cur.allowed  # [B, N, K]
         index_cur = causal_index(N, M, device)  # [N, K]
         r_cur = self.drop(relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype))
         key_valid = torch.cat([valid, valid.new_ones(B, N)], dim=1)  # [B, K]
         start, allowed_ahead, index_ahead = lookahead_layout(M, N, key_valid)
-        mask_cur = self.flex_mask(allowed_cur, B)  # None on the einsum path
-        mask_ahead = self.flex_mask(allowed_ahead, B) if cfg.lookahead and M and M <= N else None
+        mask_cur = self.kernel_mask(layout_cur)  # None on the einsum path
+        # FlexAttention has no per-key positions (M > N); the Triton kernels read only the rows a tile needs
+        ahead_kernel = cfg.lookahead and M and (M <= N or cfg.attention == "triton")
+        mask_ahead = self.kernel_mask(lookahead_mask_layout(M, N, key_valid)[1]) if ahead_kernel else None
         # Look-ahead distances 1..M. The authors draw a dropout mask for these encodings of their own; without
         # dropout (or in eval) they equal rows 1..M of r_cur, so the disentangled path reuses those projections.
         if cfg.rpe == "xl":  # Transformer-XL's signed encoding R(i - p) for keys on the right (unstable, ablation)
@@ -136,7 +149,7 @@ class LaMemo(Backbone):
             new_context.append(cut(ctx_all[:, -M:]))
             new_lognorm.append(cut(lognorm_all[:, -M:]))
 
-        nll, logits = self.predict(rows, targets, return_logits)  # the last layer's rows: the segment's
+        nll, logits = self.predict(rows, targets, return_logits, tail_plan)  # the last layer's rows: the segment's
         new_memory = LaMemoMemory(
             embed=cut(torch.cat([memory.embed.to(dtype), h_layer0], dim=1)[:, -M:]),
             context=new_context,
@@ -171,14 +184,14 @@ class LaMemo(Backbone):
         q, k, v = layer.attn.project(layer.attn_input(rows))  # [B, K, H, E] each
         r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
         ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, bias_u, bias_v, layer.attn.dropatt,
-                                      record=record_causal, flex_block_mask=mask_cur)
+                                      record=record_causal, kernel_mask=mask_cur)
         if self.cfg.lookahead:
             r_k_ahead = r_k[1 : M + 1] if r_ahead is None else layer.attn.project_positions(r_ahead)
             window = slice(start, M + 1)
             ctx_ahead, lognorm_ahead = attend(
                 q[:, :M], k[:, window], v[:, window], r_k_ahead, index_ahead, allowed_ahead, bias_u, bias_v_ahead,
                 layer.attn.dropatt, per_key_positions=M > N,  # M distances, only W = N keys per query
-                record=record_ahead, flex_block_mask=mask_ahead,
+                record=record_ahead, kernel_mask=mask_ahead,
             )
             ctx_mem, lognorm_mem = self.interpolate(ctx_mem, lognorm_mem, ctx_ahead, lognorm_ahead,
                                                      record=record_alpha)

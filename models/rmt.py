@@ -32,6 +32,8 @@ from torch import Tensor
 
 from .attention import relative_encodings, spread_masked
 from .backbone import Backbone
+from .head_plan import TailPlan
+from .mask_layout import MaskLayout
 from .output import ModelOutput, cut
 from .txl import TXLMemory, last_rows, reset_valid, roll_valid
 
@@ -63,7 +65,14 @@ class RMTMemory:
 
 def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
                 read_mem_from_cache: bool = False, write_mem_from_cache: bool = False) -> Tensor:
-    """[B, Q, K] bool: which key each query row may attend to, for the layout in the module docstring.
+    """[B, Q, K] bool: which key each query row may attend to (`rmt_layout`)."""
+    return rmt_layout(n_mem_tokens, n_tokens, cache_valid, same_length, read_mem_from_cache,
+                      write_mem_from_cache).allowed
+
+
+def rmt_layout(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
+               read_mem_from_cache: bool = False, write_mem_from_cache: bool = False) -> MaskLayout:
+    """Which key each query row may attend to, for the layout in the module docstring; slots as `rmt_positions`.
 
     cache_valid [B, M] masks empty cache slots (start of a document). With same_length (and a cache) token rows
     see only cache and token keys less than M rows back, as Transformer-XL's evaluation option does.
@@ -82,7 +91,7 @@ def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_leng
     cache_readers = token_row | (memory_row if read_mem_from_cache else False)
     if write_mem_from_cache:
         cache_readers = cache_readers | (q_block == WRITE)
-    allowed = (
+    structure = (
         ((q_block == WRITE) & (k_block != CACHE))  # write rows gather the whole segment
         | ((k_block == CACHE) & cache_readers)  # the cache is the past
         | (k_block == READ)  # the read memory: visible to every row, both directions inside the block
@@ -90,9 +99,9 @@ def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_leng
     )
     if same_length and M > 0:
         far = token_row & ((k_block == CACHE) | (k_block == TOKENS)) & (q_pos - k_pos >= M)
-        allowed = allowed & ~far
+        structure = structure & ~far
     key_valid = torch.cat([cache_valid, cache_valid.new_ones(B, 2 * R + N)], dim=1)  # [B, K]
-    return allowed[None] & key_valid[:, None, :]
+    return MaskLayout(structure, key_valid, offset=M + R - 1, sign=1)
 
 
 def rmt_positions(n_mem_tokens: int, n_tokens: int, mem_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -186,6 +195,7 @@ class RecurrentMemoryTransformer(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -197,9 +207,9 @@ class RecurrentMemoryTransformer(Backbone):
         valid = reset_valid(memory.cache.valid, reset)
         cached_rows = 2 * R + N if cfg.cache_memory_rows else N  # rows that enter the cache per segment
 
-        allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache,
-                              cfg.write_mem_from_cache)  # [B, Q, K]
-        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
+        layout = rmt_layout(R, N, valid, cfg.same_length, cfg.read_mem_from_cache, cfg.write_mem_from_cache)
+        allowed = layout.allowed  # [B, Q, K]
+        kernel_mask = self.kernel_mask(layout)  # None on the einsum path
         distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
         r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))
 
@@ -210,10 +220,10 @@ class RecurrentMemoryTransformer(Backbone):
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
                 new_cache.append(cut(last_rows(cached, rows, M)))
             h = self.layer_step(layer, h, cached, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), block_mask, self.record_to("rmt", l))
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("rmt", l))
 
         _, hidden, write = h.split([R, N, R], dim=1)
-        nll, logits = self.predict(hidden, targets, return_logits)
+        nll, logits = self.predict(hidden, targets, return_logits, tail_plan)
         new_memory = RMTMemory(
             tokens=write,
             fresh=torch.zeros_like(memory.fresh),

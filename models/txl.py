@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import causal_allowed, causal_index, relative_encodings
+from .attention import causal_index, relative_encodings
 from .backbone import Backbone
+from .head_plan import TailPlan
+from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
 
 
@@ -76,6 +78,7 @@ class TransformerXL(Backbone):
         reset: Tensor | None = None,  # [B] bool
         targets: Tensor | None = None,  # [B, N], -100 = ignore
         return_logits: bool = False,
+        tail_plan: TailPlan | None = None,  # head_plan.tail_plan(targets) built on the host
     ) -> ModelOutput:
         cfg = self.cfg
         B, N = tokens.shape
@@ -83,8 +86,9 @@ class TransformerXL(Backbone):
         valid = reset_valid(memory.valid, reset)
         h = self.embed_tokens(tokens)  # [B, N, D]
 
-        allowed = causal_allowed(N, M, valid, cfg.same_length)  # [B, N, K]
-        block_mask = self.flex_mask(allowed, B)  # None on the einsum path
+        layout = causal_layout(N, M, valid, cfg.same_length)
+        allowed = layout.allowed  # [B, N, K]
+        kernel_mask = self.kernel_mask(layout)  # None on the einsum path
         pos_index = causal_index(N, M, tokens.device)  # [N, K]
         r = self.drop(relative_encodings(torch.arange(M + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
@@ -96,8 +100,8 @@ class TransformerXL(Backbone):
             if M:
                 new_hidden.append(cut(last_rows(mem_in, h, M)))
             h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), block_mask, self.record_to("causal", l))
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l))
 
-        nll, logits = self.predict(h, targets, return_logits)
+        nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)

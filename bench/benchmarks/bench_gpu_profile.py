@@ -24,6 +24,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -62,7 +63,13 @@ CATEGORIES = [  # first match wins; lower-cased kernel names
 VARIANTS = {
     "clipfold": "the clip folded into the fused AdamW step (trainer/loop/fused_clip.py)",
     "triton": "model.attention triton (models/attention_triton.py) instead of --attention",
+    "noplan": "no tail plan: the head finds its tail rows on the device (a sync and a graph break per cluster)",
 }
+
+
+def file_stem(run: str) -> str:
+    """A run's name as a file name of letters, digits, '.', '_' and '-' (what the device tool brings back)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run)
 
 
 def category(name: str) -> str:
@@ -94,6 +101,7 @@ def run_one(args) -> dict:
     from memlm.models import build_model
     from memlm.models.config import ModelConfig
     from memlm.models.flops import flops_per_token
+    from memlm.models.head_plan import tail_plan
     from memlm.models.registry import arch_spec
     from memlm.trainer.loop.fused_clip import fused_clipped_step
 
@@ -121,25 +129,31 @@ def run_one(args) -> dict:
     torch._dynamo.reset()
     counters.clear()
     forward = model
-    if scope == "layer":
+    if scope in ("layer", "layers+head"):
         model.compile_layers(dynamic=False)
+        if scope == "layers+head":  # the head's graph of its own too: a short compile, no eager head
+            model.head.compile(dynamic=False)
     elif scope == "model":
         forward = torch.compile(model, dynamic=False)
     opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=cuda or "clipfold" in variants)
     gen = torch.Generator().manual_seed(1)
     weights = 1.0 / torch.arange(1, cfg.vocab_size + 1, dtype=torch.float64)
-    pool = [torch.multinomial(weights, lanes * (cfg.tgt_len + 1), replacement=True, generator=gen)
-            .view(lanes, -1).to(dev) for _ in range(4)]
+    host_pool = [torch.multinomial(weights, lanes * (cfg.tgt_len + 1), replacement=True, generator=gen).view(lanes, -1)
+                 for _ in range(4)]
+    pool = [seq.to(dev) for seq in host_pool]
+    # The trainer's tail plans (trainer/loop/batch_transfer.py): made from the host's targets, sent along
+    plans = [None if "noplan" in variants or not cfg.cutoffs else
+             tail_plan(seq[:, 1:], cfg.cutoffs, cfg.vocab_size).to(dev) for seq in host_pool]
     state = {"memory": model.init_memory(lanes, device=dev), "i": 0}
     params = list(model.parameters())
 
     def step(marks=None):
-        seq = pool[state["i"] % len(pool)]
+        seq, plan = pool[state["i"] % len(pool)], plans[state["i"] % len(pool)]
         state["i"] += 1
         mark = marks or (lambda name: None)
         mark("start")
         with torch.autocast(dev.type, dtype=torch.bfloat16), torch.profiler.record_function("fwd"):
-            out = forward(seq[:, :-1], state["memory"], targets=seq[:, 1:])
+            out = forward(seq[:, :-1], state["memory"], targets=seq[:, 1:], tail_plan=plan)
             loss = out.nll.float().mean()
         mark("fwd")
         with torch.profiler.record_function("bwd"):
@@ -273,7 +287,7 @@ def profile(step, args, cuda: bool, sync) -> dict:
         wall = time.perf_counter() - w0
     out = {"steps": n, "wall_ms_per_step": 1e3 * wall / n}
     if args.trace:
-        prof.export_chrome_trace(str(Path(args.out) / f"trace_{args.run.replace(':', '_')}.json"))
+        prof.export_chrome_trace(str(Path(args.out) / f"trace_{file_stem(args.run)}.json"))
     if not cuda:
         ops = prof.key_averages()
         out["cpu_ops_per_step"] = sum(e.count for e in ops) / n
@@ -373,7 +387,7 @@ def main() -> int:
     if args.run:  # child
         torch.backends.cuda.matmul.allow_tf32 = True
         row = run_one(args)
-        (out / f"run_{args.run.replace(':', '_')}.json").write_text(json.dumps(row, indent=1))
+        (out / f"run_{file_stem(args.run)}.json").write_text(json.dumps(row, indent=1))
         return 0
     start = time.time()
     result = {"torch": torch.__version__, "runs": [], "failed": [], "argv": sys.argv[1:]}
@@ -394,7 +408,7 @@ def main() -> int:
             rc = subprocess.run(child, timeout=limit).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        f = out / f"run_{run.replace(':', '_')}.json"
+        f = out / f"run_{file_stem(run)}.json"
         if rc == 0 and f.exists():
             result["runs"].append(json.loads(f.read_text()))
         else:

@@ -16,6 +16,7 @@ from memlm.models import build_model
 from memlm.models.attention import attend, causal_allowed, causal_index
 from memlm.models.attention_flex import flex_attend, flex_mask
 from memlm.models.config import ConfigError
+from memlm.models.mask_layout import causal_layout
 from memlm.models.rmt import rmt_allowed, rmt_positions
 from support.models import tiny_model_config
 
@@ -163,10 +164,10 @@ def test_the_flex_path_compiles_into_one_graph(variant):
 
 def test_auto_is_eager_on_the_cpu_and_flex_is_taken_when_asked():
     """auto builds no FlexAttention mask on the CPU (so the einsum path runs); flex does."""
-    allowed = torch.ones(1, 4, 4, dtype=torch.bool)
-    assert build_model(tiny_model_config()).flex_mask(allowed, 2) is None
-    assert build_model(tiny_model_config(attention="eager")).flex_mask(allowed, 2) is None
-    assert build_model(tiny_model_config(attention="flex")).flex_mask(allowed, 2) is not None
+    layout = causal_layout(3, 2, torch.ones(2, 2, dtype=torch.bool), False)
+    assert build_model(tiny_model_config()).kernel_mask(layout) is None
+    assert build_model(tiny_model_config(attention="eager")).kernel_mask(layout) is None
+    assert build_model(tiny_model_config(attention="flex")).kernel_mask(layout) is not None
 
 
 def test_an_unknown_kernel_is_named():

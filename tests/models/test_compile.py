@@ -1,7 +1,5 @@
-"""One compile, static shapes: every arch under torch.compile captures its forward once, from the first segment
-(empty memory) on, and nothing after: the memory buffers are full-length from step 0 (masked by validity) and the
-adaptive softmax's tail clusters, whose row counts change every batch, run outside the compiled region. The only
-graph breaks are those tail calls, never one inside a layer.
+"""Layers compiled alone (`compile_layers`): one graph per kind of layer, equal to the eager model. The whole-model
+compile of every registered arch is tests/models/test_compile_once.py's.
 
 Captured with the aot_eager backend (the same graph capture, guards and recompiles as inductor, without its
 minutes of C++ code generation on CI's CPUs); bench/benchmarks/bench_mfu.py --compile measures inductor.
@@ -15,32 +13,6 @@ from support.models import tiny_model_config
 
 ARCHS = {"transformer": dict(arch="transformer", mem_len=0), "txl": dict(arch="txl"), "lamemo": dict(arch="lamemo"),
          "rmt": dict(arch="rmt", mem_len=4, num_mem_tokens=2)}
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_compiled_forward_captures_once_and_breaks_only_at_the_softmax_tail(arch):
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    torch.manual_seed(0)
-    model = build_model(tiny_model_config(**ARCHS[arch], vocab_size=300, cutoffs=[40, 120])).train()
-    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
-    B, N = 3, model.cfg.tgt_len
-    memory = model.init_memory(B)
-    graphs = []
-    gen = torch.Generator().manual_seed(1)
-    for segment in range(5):
-        tokens = torch.randint(0, 300, (B, N + 1), generator=gen)  # every batch spreads over the clusters anew
-        reset = torch.tensor([segment == 0, segment == 3, False])
-        out = compiled(tokens[:, :-1], memory, reset=reset, targets=tokens[:, 1:])
-        out.nll.sum().backward()
-        memory = _detached(out.memory)
-        graphs.append(int(counters["stats"]["unique_graphs"]))
-    assert graphs[1:] == [graphs[1]] * 4, graphs  # nothing captured after the second segment
-    reasons = [reason for reason in counters["graph_break"]]
-    assert reasons and all("_tail_nll" in reason for reason in reasons), reasons
 
 
 def _detached(memory):

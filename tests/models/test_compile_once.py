@@ -1,7 +1,8 @@
-"""Compile once, for every registered arch: a whole-model torch.compile captures its graphs at the first segment
-and never again, whatever the later segments bring (resets, a memory that fills, tokens spread anew over the
-adaptive softmax's clusters). The carried state is what the model returned, detached (as the trainer carries it):
-no `.contiguous()` or copy on the caller's side, so a state whose layout differs from the one it replaces (a slice
+"""Compile once, for every registered arch: a whole-model torch.compile captures one graph at the first segment,
+with no graph break (the adaptive softmax's tails included: their rows come from a tail plan built on the host,
+head_plan.py), and never recompiles, whatever the later segments bring (resets, a memory that fills, tokens spread
+anew over the clusters). The carried state is what the model returned, detached (as the trainer carries it): no
+`.contiguous()` or copy on the caller's side, so a state whose layout differs from the one it replaces (a slice
 of a concatenation) shows up here as a recompile at the second segment.
 
 Two settings: the training step with the einsum attention (forward and backward), and the GPU's kernels
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from memlm.models import ARCHITECTURES, build_model
+from memlm.models.head_plan import tail_plan
 from support.models import tiny_model_config
 
 MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
@@ -39,8 +41,9 @@ def _graphs_per_segment(model, train: bool) -> tuple[list[int], dict]:
     for segment in range(SEGMENTS):
         tokens = torch.randint(0, model.cfg.vocab_size, (B, N + 1), generator=gen)
         reset = torch.tensor([segment == 0, segment == 2, False])
+        plan = tail_plan(tokens[:, 1:], model.cfg.cutoffs, model.cfg.vocab_size)
         with torch.set_grad_enabled(train):
-            out = compiled(tokens[:, :-1], memory, reset=reset, targets=tokens[:, 1:])
+            out = compiled(tokens[:, :-1], memory, reset=reset, targets=tokens[:, 1:], tail_plan=plan)
             if train:
                 loss = out.nll.sum() + (out.aux_loss if out.aux_loss is not None else 0.0)
                 loss.backward()
@@ -49,10 +52,11 @@ def _graphs_per_segment(model, train: bool) -> tuple[list[int], dict]:
     return graphs, dict(counters["graph_break"])
 
 
-def _only_tail_breaks(breaks: dict) -> bool:
-    """The adaptive softmax's tail clusters run outside the compiled region when no row plan is given (their row
-    counts change every batch); no other break is allowed, never one inside a layer."""
-    return all("_tail_nll" in reason for reason in breaks)
+# The Compressive Transformer's attention-reconstruction loss (training only) reads the layer's weights as
+# constants by switching their requires_grad off around the read (compressive.weights_as_constants, so that ZeRO-3's
+# gathering hooks still run); dynamo cannot trace that switch and splits the training forward around each layer's
+# reconstruction (13 graphs at 2 layers), though it never recompiles. Its evaluation forward is one graph.
+SPLIT_IN_TRAINING = {"compressive"}
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -60,8 +64,11 @@ def test_training_step_compiles_once(name):
     torch.manual_seed(0)
     model = build_model(_config(name, attention="eager", head_loss="chunked")).train()
     graphs, breaks = _graphs_per_segment(model, train=True)
-    assert graphs == [graphs[0]] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
-    assert _only_tail_breaks(breaks), breaks
+    if name in SPLIT_IN_TRAINING:
+        assert graphs == [graphs[0]] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
+        return
+    assert graphs == [1] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
+    assert not breaks, breaks
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -69,5 +76,5 @@ def test_gpu_kernels_compile_once(name):
     torch.manual_seed(0)
     model = build_model(_config(name, attention="flex", head_loss="chunked")).eval()
     graphs, breaks = _graphs_per_segment(model, train=False)
-    assert graphs == [graphs[0]] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
-    assert _only_tail_breaks(breaks), breaks
+    assert graphs == [1] * SEGMENTS, f"graphs captured by the end of each segment: {graphs}"
+    assert not breaks, breaks

@@ -13,13 +13,14 @@ from the host's copy before the transfer, with numpy, which refuses a device ten
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from memlm.data_pipeline.lanes import IGNORE
+from memlm.models.head_plan import TailPlan, tail_plan
 
 
 class CopyOptions(NamedTuple):
@@ -54,9 +55,28 @@ class DeviceSegment(NamedTuple):
     targets: Tensor  # [B, N] on the device, IGNORE = not scored
     reset: Tensor  # [B] bool on the device
     scored: int  # targets != IGNORE, counted on the host
+    tail_plan: TailPlan | None = None  # the adaptive softmax's tail rows of these targets, planned on the host
 
 
-def segment_to_device(batch: Any, device, options: CopyOptions) -> DeviceSegment:
-    """A batch (tokens, targets, reset on the host: a LaneStream Batch) on `device`, with its scored-target count."""
+def segment_to_device(batch: Any, device, options: CopyOptions,
+                      planner: Callable[[Tensor], TailPlan] | None = None) -> DeviceSegment:
+    """A batch (tokens, targets, reset on the host: a LaneStream Batch) on `device`, with its scored-target count
+    and, given a planner (`tail_planner`), the tail plan of its targets, made from the host copy and sent along."""
+    plan = None
+    if planner is not None:
+        plan = planner(batch.targets)
+        plan = (plan.pin_memory() if options.pin else plan).to(device, non_blocking=options.non_blocking)
     return DeviceSegment(to_device(batch.tokens, device, options), to_device(batch.targets, device, options),
-                         to_device(batch.reset, device, options), scored_targets(batch.targets))
+                         to_device(batch.reset, device, options), scored_targets(batch.targets), plan)
+
+
+def tail_planner(model_cfg, device) -> Callable[[Tensor], TailPlan] | None:
+    """How to plan the tail rows of a batch's targets for this model on `device`: only the chunked softmax head
+    reads a plan (model.head_loss chunked, or auto on CUDA), and only when it has tail clusters. Without one the
+    head finds the rows on the device, at a host sync per tail cluster (models/head_plan.py)."""
+    on_cuda = torch.device(device).type == "cuda"
+    chunked = model_cfg.head_loss == "chunked" or (model_cfg.head_loss == "auto" and on_cuda)
+    if not chunked or not model_cfg.cutoffs:
+        return None
+    cutoffs, vocab_size = list(model_cfg.cutoffs), model_cfg.vocab_size
+    return lambda targets: tail_plan(targets, cutoffs, vocab_size)

@@ -49,7 +49,7 @@ from torch import Tensor
 from memlm.models import map_memory
 from memlm.models.registry import arch_spec
 
-from .batch_transfer import DeviceSegment, options_for, scored_targets, segment_to_device
+from .batch_transfer import DeviceSegment, options_for, scored_targets, segment_to_device, tail_planner
 
 
 class RecurrenceStateError(ValueError):
@@ -76,14 +76,15 @@ class Segment:
 
 def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT | WindowBPTT":
     """The schedule for model_cfg, starting from `memory` (the model's init_memory)."""
+    planner = tail_planner(model_cfg, device)
     if arch_spec(model_cfg.arch).recurrence == "segment":
-        return SegmentRecurrence(memory, device)
+        return SegmentRecurrence(memory, device, planner=planner)
     if model_cfg.bptt_mode == "chunk":
-        return ChunkBPTT(memory, device, model_cfg.bptt_depth)
+        return ChunkBPTT(memory, device, model_cfg.bptt_depth, planner=planner)
     return WindowBPTT(memory, device, model_cfg.bptt_depth, model_cfg.bptt_replay_loss,
                       start_memory=model_cfg.bptt_choice("bptt_start_memory"),
                       new_segment_cache=model_cfg.bptt_choice("bptt_new_segment_cache"),
-                      replay_reduction=model_cfg.bptt_choice("bptt_replay_reduction"))
+                      replay_reduction=model_cfg.bptt_choice("bptt_replay_reduction"), planner=planner)
 
 
 def plain_state(state: Any) -> Any:
@@ -136,10 +137,11 @@ def _aux_mean(outs: list) -> Tensor | float:
 class _Recurrence:
     kind = ""
 
-    def __init__(self, memory: Any, device):
+    def __init__(self, memory: Any, device, planner: Callable[[Tensor], Any] | None = None):
         self.memory, self.device = memory, device
         self.empty = memory  # the model's init_memory: what clear() goes back to
         self.copy = options_for(device)  # pinned and asynchronous to a GPU (batch_transfer.py)
+        self.planner = planner  # the softmax head's tail plan of each new segment's targets (batch_transfer.py)
 
     def clear(self) -> None:
         """Every lane's memory emptied, as at a document start (after a skipped step, trainer/loop/train.py)."""
@@ -147,7 +149,7 @@ class _Recurrence:
 
     def _read(self, next_batch: Callable[[], Any]) -> DeviceSegment:
         """The next segment on the device, and its scored targets counted on the host (no device read)."""
-        return segment_to_device(next_batch(), self.device, self.copy)
+        return segment_to_device(next_batch(), self.device, self.copy, self.planner)
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "memory": plain_state(self.memory)}
@@ -170,8 +172,8 @@ class SegmentRecurrence(_Recurrence):
     kind = "segment"
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
-        tokens, targets, reset, count = self._read(next_batch)
-        out = forward(tokens, self.memory, reset=reset, targets=targets)
+        tokens, targets, reset, count, plan = self._read(next_batch)
+        out = forward(tokens, self.memory, reset=reset, targets=targets, tail_plan=plan)
         nll = _nll_sum(out)
         self._next = out.memory
         loss = nll / max(count, 1) + _aux_mean([out])
@@ -187,15 +189,15 @@ class ChunkBPTT(_Recurrence):
 
     kind = "rmt-chunk"
 
-    def __init__(self, memory: Any, device, depth: int):
-        super().__init__(memory, device)
+    def __init__(self, memory: Any, device, depth: int, planner: Callable[[Tensor], Any] | None = None):
+        super().__init__(memory, device, planner)
         self.depth = depth
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
         memory, outs, nll, count, inputs = self.memory, [], None, 0, 0
         for _ in range(self.depth + 1):
-            tokens, targets, reset, seg_count = self._read(next_batch)
-            out = forward(tokens, memory, reset=reset, targets=targets)
+            tokens, targets, reset, seg_count, plan = self._read(next_batch)
+            out = forward(tokens, memory, reset=reset, targets=targets, tail_plan=plan)
             seg_nll = _nll_sum(out)
             nll = seg_nll if nll is None else nll + seg_nll
             count, inputs = count + seg_count, inputs + tokens.numel()
@@ -228,8 +230,9 @@ class WindowBPTT(_Recurrence):
     kind = "rmt-window"
 
     def __init__(self, memory: Any, device, depth: int, replay_loss: bool = False, start_memory: str = "replayed",
-                 new_segment_cache: str = "stored", replay_reduction: str = "token_mean"):
-        super().__init__(memory, device)
+                 new_segment_cache: str = "stored", replay_reduction: str = "token_mean",
+                 planner: Callable[[Tensor], Any] | None = None):
+        super().__init__(memory, device, planner)
         self.depth, self.replay_loss = depth, replay_loss
         self.start_memory, self.new_segment_cache, self.replay_reduction = (start_memory, new_segment_cache,
                                                                           replay_reduction)
@@ -239,7 +242,7 @@ class WindowBPTT(_Recurrence):
         self.written = memory
 
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
-        tokens, targets, reset, new_count = self._read(next_batch)
+        tokens, targets, reset, new_count, plan = self._read(next_batch)
         start = self.stored[0] if self.start_memory == "stored" and self.window else self.memory
         memory = dataclasses.replace(start, transitions=0)  # cut from every earlier graph
         scored, after_replay, parts = [], [], []  # parts: (summed NLL, targets) per scored segment
@@ -252,7 +255,8 @@ class WindowBPTT(_Recurrence):
             memory = out.memory
             after_replay.append(memory)
         cache = memory.cache if self.new_segment_cache == "replayed" and self.window else self.memory.cache
-        out = forward(tokens, dataclasses.replace(memory, cache=cache), reset=reset, targets=targets)
+        # the new segment's plan; a replayed segment's loss (bptt_replay_loss) finds its tail rows on the device
+        out = forward(tokens, dataclasses.replace(memory, cache=cache), reset=reset, targets=targets, tail_plan=plan)
         new_nll = _nll_sum(out)
         parts.append((new_nll, new_count))
         scored.append(out)

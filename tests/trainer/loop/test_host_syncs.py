@@ -22,6 +22,7 @@ from support.training import make_data, overrides, preset
 
 LOOP = Path(trainer_loop.__file__).resolve().parent  # trainer/loop/: the trainer's step lives here
 TRAINER = LOOP.parent
+MODELS = Path(trainer_loop.__file__).resolve().parents[2] / "models"
 HERE = Path(__file__).resolve().parent
 
 
@@ -121,12 +122,18 @@ def test_the_trainer_reads_the_device_once_per_step(arch, zero, extra, data, tmp
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+# The chunked softmax head with tail clusters: the trainer plans each batch's tail rows on the host and sends the
+# plan along (batch_transfer.tail_planner), so the model reads nothing either (models/head_plan.py).
+TAILS = {"model__cutoffs": "[64,128]", "model__head_loss": "chunked"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("arch,extra", [("txl", {}), ("rmt", {"model__bptt_replay_loss": "true"})])
+@pytest.mark.parametrize("arch,extra", [("txl", {}), ("rmt", {"model__bptt_replay_loss": "true"}), ("txl", TAILS)])
 def test_the_recurrence_and_the_figures_read_once_on_every_device(device, arch, extra, data):
     """The step's own parts without DeepSpeed (which a GPU machine may lack): recurrence.step, backward, advance
     and StepFigures, as train_step uses them, on `device`. Trainer code reads once per step; on a GPU its copies
-    are host-to-device, pinned and queued (non_blocking), and the figures equal the CPU run's."""
+    are host-to-device, pinned and queued (non_blocking), and the figures equal the CPU run's. With the chunked
+    head's tail clusters the model reads nothing at all (its plan came with the batch)."""
     from memlm.data_pipeline.stream import LaneStream
     from memlm.models import build_model
     from memlm.trainer.config.run_config import load_config
@@ -163,9 +170,11 @@ def test_the_recurrence_and_the_figures_read_once_on_every_device(device, arch, 
         ours = seen.issued_under(TRAINER)
         assert [e.op for e in ours if not e.op.startswith("copy")] == ["tolist"], seen.report()
         copies = [e for e in ours if e.op.startswith("copy")]
-        if device == "cuda":  # tokens, targets, reset of every new segment: 2 micro-batches
-            assert len(copies) == 6 and all(e.op == "copy cpu->cuda" and e.non_blocking and e.pinned
-                                            for e in copies), seen.report()
+        if extra is TAILS:
+            assert seen.issued_under(MODELS) == [], seen.report()
+        if device == "cuda":  # tokens, targets, reset of every new segment (+ 3 tail plans): 2 micro-batches
+            assert len(copies) == (12 if extra is TAILS else 6) and all(
+                e.op == "copy cpu->cuda" and e.non_blocking and e.pinned for e in copies), seen.report()
         else:
             assert copies == [], seen.report()
     if device != "cpu":

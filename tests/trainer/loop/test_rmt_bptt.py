@@ -51,8 +51,8 @@ class Recorder:
     def segment_of(self, tokens) -> int:
         return next(b.index for b in self.batches if torch.equal(b.tokens, tokens))
 
-    def __call__(self, tokens, memory, reset=None, targets=None):
-        out = self.model(tokens, memory, reset=reset, targets=targets)
+    def __call__(self, tokens, memory, reset=None, targets=None, tail_plan=None):
+        out = self.model(tokens, memory, reset=reset, targets=targets, tail_plan=tail_plan)
         self.calls.append(SimpleNamespace(segment=self.segment_of(tokens), embed=self._embeds.pop(), out=out))
         return out
 

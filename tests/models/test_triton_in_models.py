@@ -1,0 +1,22 @@
+"""`model.attention: triton` in every kind of layout the archs build (Transformer-XL's causal one, LaMemo's look-ahead
+with more memory than segment, RMT's blocks with a cache, the Compressive Transformer's two memories, ARMT's memory
+tokens): loss and every gradient equal to the einsum path in fp32, the kernels interpreted on the CPU. In a fresh
+process (tests/support/triton_in_models.py), because Triton chooses interpreter or compiler at its first import."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_triton_attention_in_the_models_equals_the_einsum_path():
+    pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "tests")}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "triton_in_models.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.count("worst gradient") == 5, done.stdout
