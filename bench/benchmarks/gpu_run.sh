@@ -103,8 +103,14 @@ get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=True)
     stamp "GPU equality tests: flex = eager, chunked head = full"
     # EQUAL_WORKERS=N runs them in N pytest-xdist workers (each compiles its own kernels; the GPU images have xdist).
     workers=""; [ -n "${EQUAL_WORKERS:-}" ] && workers="-n $EQUAL_WORKERS"
+    # Then the Triton kernels compiled (every test of the file, bf16 included), in the models (gpu), the sync-free
+    # head with its plans, and the trainer's step parts on the device (pinned, non_blocking, one read per step).
     timeout $(( $(left) < ${EQUAL_LIMIT:-600} ? $(left) - 5 : ${EQUAL_LIMIT:-600} )) python3 -m pytest -q \
-      -p no:cacheprovider $workers tests/models/test_attention_flex.py tests/models/test_adaptive.py -k gpu 2>&1 | tail -40
+      -p no:cacheprovider $workers tests/models/test_attention_flex.py tests/models/test_adaptive.py \
+      tests/models/test_triton_in_models.py tests/trainer/loop/test_host_syncs.py -k "gpu or every_device" 2>&1 | tail -40
+    timeout $(( $(left) < ${EQUAL_LIMIT:-600} ? $(left) - 5 : ${EQUAL_LIMIT:-600} )) python3 -m pytest -q \
+      -p no:cacheprovider $workers tests/models/test_attention_triton.py tests/models/test_adaptive_nll.py \
+      tests/models/test_head_plan.py tests/models/test_head_compile.py 2>&1 | tail -40
     ;;
   fast)
     # The fast path: FlexAttention, the chunked head, torch.compile (inductor), at the paper's 410 / 10 x 41 shape

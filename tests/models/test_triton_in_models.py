@@ -9,14 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_triton_attention_in_the_models_equals_the_einsum_path():
+def _check(device: str, env: dict) -> None:
     pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "tests")}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "triton_in_models.py")], env=env,
+    env = {**os.environ, **env, "PYTHONPATH": str(ROOT / "tests")}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "triton_in_models.py"), device], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.count("worst gradient") == 5, done.stdout
+
+
+def test_triton_attention_in_the_models_equals_the_einsum_path():
+    _check("cpu", {"TRITON_INTERPRET": "1"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a GPU (gpu_run.sh: equal)")
+def test_gpu_triton_attention_in_the_models_equals_the_einsum_path():
+    _check("cuda", {"TRITON_INTERPRET": "0"})

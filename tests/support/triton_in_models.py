@@ -1,7 +1,8 @@
-"""Run by tests/models/test_triton_in_models.py in a fresh process with TRITON_INTERPRET=1 (Triton decides between
-interpreter and compiler when it is first imported): every arch whose layouts the Triton kernels cover, built with
-`attention: triton` and with `attention: eager` from the same weights, over segments with resets; the losses and
-every parameter's gradient must agree in fp32. Prints one line per case; exits 1 on the first disagreement."""
+"""Run by tests/models/test_triton_in_models.py in a fresh process, with TRITON_INTERPRET=1 on a CPU (Triton decides
+between interpreter and compiler when it is first imported) or compiled on a GPU (argument `cuda`): every arch
+whose layouts the Triton kernels cover, built with `attention: triton` and with `attention: eager` from the same
+weights, over segments with resets; the losses and every parameter's gradient must agree in fp32 (tf32 off).
+Prints one line per case; exits 1 on the first disagreement."""
 
 import sys
 
@@ -36,7 +37,7 @@ def counted(kernel):
 def run(model, tokens, resets):
     """Losses and the memory over the segments; backward of their sum."""
     N = model.cfg.tgt_len
-    memory = model.init_memory(tokens.shape[0])
+    memory = model.init_memory(tokens.shape[0], device=tokens.device)
     total = 0.0
     for s in range(tokens.shape[1] // N - 1):
         seq = tokens[:, s * N : (s + 1) * N + 1]
@@ -47,19 +48,21 @@ def run(model, tokens, resets):
     return total.detach()
 
 
-def main() -> int:
+def main(device: str) -> int:
     import memlm.models.attention_triton as attention_triton
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # the kernels' fp32 products follow torch's choice
 
     attention_triton.rel_attend_triton = counted(attention_triton.rel_attend_triton)
     for name, fields in CASES.items():
         torch.manual_seed(0)
         cfg = tiny_model_config(**{"dropout": 0.0, **fields, "attention": "eager"})
-        eager = build_model(cfg).train()
-        triton = build_model(tiny_model_config(**{"dropout": 0.0, **fields, "attention": "triton"})).train()
+        eager = build_model(cfg).to(device).train()
+        triton = build_model(tiny_model_config(**{"dropout": 0.0, **fields, "attention": "triton"})).to(device).train()
         triton.load_state_dict(eager.state_dict())
         N = cfg.tgt_len
-        tokens = torch.randint(0, cfg.vocab_size, (3, 3 * N + 1), generator=torch.Generator().manual_seed(1))
-        resets = [torch.tensor([True, True, True]), torch.tensor([False, True, False])]
+        tokens = torch.randint(0, cfg.vocab_size, (3, 3 * N + 1), generator=torch.Generator().manual_seed(1)).to(device)
+        resets = [torch.tensor([True, True, True], device=device), torch.tensor([False, True, False], device=device)]
         want, got = run(eager, tokens, resets), run(triton, tokens, resets)
         worst = 0.0
         for (pname, a), b in zip(eager.named_parameters(), triton.parameters(), strict=True):
@@ -81,4 +84,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "cpu"))
