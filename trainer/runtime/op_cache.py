@@ -11,6 +11,13 @@ TORCH_EXTENSIONS_DIR, memlm keys the folder by everything a build reads: Python,
 CPU model (builds may use -march=native), and the folders the sources and headers come from, as imported (not
 resolved: the loader writes them as they are). Each environment builds once and keeps its build.
 
+Which ninja. torch runs whichever `ninja` the PATH finds first, and ninja versions disagree about a build: this
+machine has the environment's own (pip's ninja 1.13, a DeepSpeed dependency, in .venv/bin) and the system's 1.11,
+and what one built the other found "command line changed" and rebuilt. So a shell with the environment activated
+(.venv/bin first on the PATH) and one without it (the test suite, `.venv/bin/memlm`) rebuilt the op in turn. memlm
+loads the op with the environment's own ninja first on the PATH when it has one (the ninja beside the
+interpreter), and keys the folder by the ninja it uses.
+
 Whether a load compiles. A load compiles when the folder holds no library, or its build.ninja names other sources
 or headers than this environment's (a TORCH_EXTENSIONS_DIR the user shares), or a source is newer than the library:
 `build_due` says which, so the notice is printed whenever a build is coming rather than only when no library exists.
@@ -18,11 +25,14 @@ or headers than this environment's (a TORCH_EXTENSIONS_DIR the user shares), or 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -47,10 +57,18 @@ def environment_versions() -> dict[str, str]:
     return versions
 
 
+def build_ninja() -> str | None:
+    """The ninja that builds this environment's ops: its own (beside the interpreter), else the PATH's."""
+    own = Path(sys.executable).parent / "ninja"
+    if own.is_file() and os.access(own, os.X_OK):
+        return str(own)
+    return shutil.which("ninja")
+
+
 def build_roots() -> dict[str, str]:
-    """The folders a build's sources and headers come from, as this environment imports them (found, not imported):
-    the DeepSpeed package (its csrc/), the torch package (its include/) and Python's include folder."""
-    roots = {"python_include": sysconfig.get_paths().get("include", "")}
+    """What a build reads from this environment, found without importing anything: the DeepSpeed package (its
+    csrc/), the torch package (its include/), Python's include folder, and the ninja that builds."""
+    roots = {"python_include": sysconfig.get_paths().get("include", ""), "ninja": build_ninja() or "none"}
     for name in ("torch", "deepspeed"):
         spec = importlib.util.find_spec(name)
         locations = list(spec.submodule_search_locations or []) if spec is not None else []
@@ -114,27 +132,37 @@ def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) 
 # Loading DeepSpeed's CPU communication op
 
 
-def build_due(op_dir: Path, sources: list[str], includes: list[str]) -> str | None:
+def build_due(op_dir: Path, sources: list[str], includes: list[str], ninja: str | None = None) -> str | None:
     """Why loading the op kept in OP_DIR will compile it (None: it loads the library as it is).
 
     sources and includes: the absolute paths this environment's loader passes (they land in build.ninja as they are).
-    The same decision ninja takes, minus the compiler flags, which depend only on what the cache key holds."""
+    ninja: the ninja that will build, asked last (a dry run: it writes nothing) whether it finds work to do."""
     name = op_dir.name
     library = op_dir / f"{name}.so"
     if not library.is_file():
         return f"no build in {op_dir} yet"
     try:
-        ninja = (op_dir / "build.ninja").read_text()
+        rules = (op_dir / "build.ninja").read_text()
     except OSError:
         return f"{op_dir} holds no build.ninja"
-    missing = [path for path in [*sources, *includes] if path not in ninja]
+    missing = [path for path in [*sources, *includes] if path not in rules]
     if missing:
-        return (f"{op_dir} holds a build from another environment ({_built_from(ninja) or 'other paths'}), "
+        return (f"{op_dir} holds a build from another environment ({_built_from(rules) or 'other paths'}), "
                 f"not of {missing[0]}")
     built = library.stat().st_mtime
     newer = [path for path in sources if os.path.exists(path) and os.stat(path).st_mtime > built]
     if newer:
         return f"{newer[0]} is newer than the build in {op_dir}"
+    if ninja:
+        try:
+            dry = subprocess.run([ninja, "-C", str(op_dir), "-n", "-d", "explain"], capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if dry.returncode == 0 and "no work to do" not in dry.stdout:
+            why = next((line.removeprefix("ninja explain: ") for line in dry.stderr.splitlines()
+                        if line.startswith("ninja explain:")), "it finds work to do")
+            return f"ninja ({ninja}) rebuilds the build in {op_dir}: {why} (built by another ninja?)"
     return None
 
 
@@ -166,7 +194,8 @@ def load_cpu_op(log_dir: str | os.PathLike, speak: bool) -> None:
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         return  # DeepSpeed will not use it either
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    reason = build_due(cache / builder.name, *_build_inputs(builder))
+    ninja = build_ninja()
+    reason = build_due(cache / builder.name, *_build_inputs(builder), ninja=ninja)
     if reason is not None:
         if speak:
             print(f"memlm: building DeepSpeed's CPU communication op for this environment (0.5-5 min; once per "
@@ -185,9 +214,24 @@ def load_cpu_op(log_dir: str | os.PathLike, speak: bool) -> None:
             stale = cache / builder.name / "lock"
             if stale.exists() and cache == extension_cache_dir():
                 stale.unlink(missing_ok=True)
-            builder.load()
+            with _first_on_path(Path(ninja).parent if ninja else None):
+                builder.load()
         finally:
             fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _first_on_path(folder: Path | None):
+    """FOLDER first on the PATH for the block (torch runs `ninja` from the PATH): the build's ninja, every time."""
+    if folder is None:
+        yield
+        return
+    saved = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(folder), saved]) if saved else str(folder)
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved
 
 
 def _build_inputs(builder) -> tuple[list[str], list[str]]:

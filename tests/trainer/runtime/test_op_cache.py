@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,3 +146,33 @@ def test_a_quiet_start_says_what_it_is_doing(capfd):
         heartbeat.stop()
     time.sleep(0.8)
     assert capfd.readouterr().err == ""  # stopped: nothing more
+
+
+def test_one_ninja_builds_whatever_the_path_says(tmp_path, monkeypatch):
+    """ninja 1.11 (the system's) and 1.13 (pip's, in the environment) each rebuild what the other built ("command
+    line changed"), so a shell with the environment activated and one without it rebuilt the op in turn. memlm
+    builds with the environment's own ninja whatever the PATH says, and sees a build by another ninja as due."""
+    from memlm.trainer.runtime import op_cache
+
+    own = Path(sys.executable).parent / "ninja"
+    if not own.is_file():
+        pytest.skip(f"no ninja beside {sys.executable}")
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", str(own.parent)]))
+    assert op_cache.build_ninja() == str(own)
+    with op_cache._first_on_path(own.parent):
+        assert shutil.which("ninja") == str(own)  # what torch's loader runs
+    other = shutil.which("ninja", path="/usr/bin:/bin")
+    version = [subprocess.run([n, "--version"], capture_output=True, text=True).stdout for n in (str(own), other or "")
+               if n]
+    if other is None or len(set(version)) < 2:
+        pytest.skip("a second ninja version is needed for the rest")
+    source = tmp_path / "source.txt"
+    source.write_text("x")
+    op_dir = tmp_path / "deepspeed_shm_comm"
+    op_dir.mkdir()
+    (op_dir / "build.ninja").write_text(f"rule cp\n  command = cp $in $out\nbuild deepspeed_shm_comm.so: cp {source}\n")
+    for builder, redoer in ((other, str(own)), (str(own), other)):
+        subprocess.run([builder, "-C", str(op_dir)], check=True, capture_output=True)
+        assert op_cache.build_due(op_dir, [str(source)], [], ninja=builder) is None
+        due = op_cache.build_due(op_dir, [str(source)], [], ninja=redoer)
+        assert due is not None and f"ninja ({redoer}) rebuilds" in due, due
