@@ -200,6 +200,7 @@ def load_cpu_op(log_dir: str | os.PathLike, speak: bool) -> None:
         if speak:
             print(f"memlm: building DeepSpeed's CPU communication op for this environment (0.5-5 min; once per "
                   f"environment): {reason}", file=sys.stderr, flush=True)
+            heartbeat.said()
         heartbeat.phase("building DeepSpeed's CPU communication op")
     else:
         heartbeat.phase("loading DeepSpeed's CPU communication op")
