@@ -117,7 +117,10 @@ def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
     if isinstance(template, Tensor) or isinstance(saved, Tensor):
         if not isinstance(saved, Tensor):
             raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a tensor")
-        return saved.to(device)
+        # in the run's own dtype: a checkpoint's state kept in another (a bf16 run's first segments wrote fp32
+        # before the memory took the compute dtype) would change dtype at the next segment
+        return saved.to(device, template.dtype) if isinstance(template, Tensor) and saved.is_floating_point() \
+            else saved.to(device)
     return saved
 
 

@@ -44,6 +44,10 @@ from .ds_config import trainer_clips
 from .preemption import Interrupted, Preempted, StopRequest
 from .step_figures import StepFigures
 
+# The dtype of the carried memory state per deepspeed.precision: the dtype of the layer inputs it caches (torch's
+# names: torch itself is imported when a run builds).
+MEMORY_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
 
 class TrainingStopped(ResumeError):
     """train.max_bad_steps steps in a row were skipped (non-finite loss or gradient): the run stops, exit 2 (the
@@ -250,8 +254,11 @@ class Trainer:
         self.device = self.engine.device
         self.stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len,
                                              rank=self.rank, world_size=self.info.world_size)
-        self.recurrence = make_recurrence(cfg.model, model.init_memory(cfg.data.batch_size, device=self.device),
-                                          self.device)
+        # The memory in the dtype the engine computes in (DeepSpeed's bf16/fp16 cast the model): a state that
+        # began fp32 and came back bf16 from the first segment would recompile a compiled forward at the second.
+        dtype = getattr(torch, MEMORY_DTYPES[cfg.deepspeed.precision])
+        memory = model.init_memory(cfg.data.batch_size, device=self.device, dtype=dtype)
+        self.recurrence = make_recurrence(cfg.model, memory, self.device)
         self.poison = faults.Poison(self.rank)
         self.built = True
         heartbeat.phase(None)

@@ -38,29 +38,29 @@ def test_tiny_preset_trains_and_loss_falls(arch, data, tmp_path):
     assert last < first - 0.3, (first, last)
 
 
-@pytest.mark.parametrize("scope", ["model", "layer"])
-def test_a_compiled_run_trains_like_the_eager_one_and_compiles_once(data, tmp_path, scope):
+@pytest.mark.parametrize("scope,precision", [("model", "fp32"), ("layer", "fp32"), ("model", "bf16")])
+def test_a_compiled_run_trains_like_the_eager_one_and_compiles_once(data, tmp_path, scope, precision):
     """train.compile=true, the whole forward or one layer's work (train.compile_scope): the same losses as the
-    uncompiled run (fp32, to rounding) over steps whose memory goes from empty to full and through document resets,
-    with no graph break and no compile after the first steps: the memory buffers have one shape from step 0.
-    Checkpoints keep the plain model's parameter names. Traced with the aot_eager backend: the same capture as
-    inductor's (graph breaks, guards, recompiles) without a minute of C++ code generation on CI's 2 cores; bench/
-    measures inductor."""
+    uncompiled run (to rounding) over steps whose memory goes from empty to full and through document resets,
+    with no graph break and one graph: the memory buffers have one shape and one dtype from step 0 (under bf16 the
+    engine computes in bf16, and a memory begun in fp32 recompiled the forward at step 2). Checkpoints keep the
+    plain model's parameter names. Traced with the aot_eager backend: the same capture as inductor's (graph breaks,
+    guards, recompiles) without a minute of C++ code generation on CI's 2 cores; bench/ measures inductor."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    eager = train_in_process("txl", data, tmp_path / "eager", train__steps=6, train__save_every=0)
+    eager = train_in_process("txl", data, tmp_path / "eager", train__steps=6, train__save_every=0,
+                             deepspeed__precision=precision)
     torch._dynamo.reset()
     counters.clear()
     compiled = train_in_process("txl", data, tmp_path / "compiled", train__steps=6, train__save_every=0,
                                 train__compile="true", train__compile_backend="aot_eager",
-                                train__compile_scope=scope)
+                                train__compile_scope=scope, deepspeed__precision=precision)
+    rel = 1e-4 if precision == "fp32" else 2e-2  # bf16: one rounding of the activations differs per fused op
     for want, got in zip(eager, compiled, strict=True):
-        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4), (got["step"], got["loss"], want["loss"])
+        assert got["loss"] == pytest.approx(want["loss"], rel=rel), (got["step"], got["loss"], want["loss"])
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
-    frames = counters["stats"]["unique_graphs"]
-    # The forward (or the layer); a second only for the first step, whose memory has no grad path.
-    assert 1 <= frames <= 2, frames
+    assert counters["stats"]["unique_graphs"] == 1, counters["stats"]["unique_graphs"]
     from memlm.trainer.checkpoint.weights import load_weights
 
     names = set(load_weights(tmp_path / "compiled" / "checkpoints", "global_step6"))
