@@ -64,6 +64,8 @@ VARIANTS = {
     "clipfold": "the clip folded into the fused AdamW step (trainer/loop/fused_clip.py)",
     "triton": "model.attention triton (models/attention_triton.py) instead of --attention",
     "noplan": "no tail plan: the head finds its tail rows on the device (a sync and a graph break per cluster)",
+    "bf16model": "the model in bf16 without autocast, as DeepSpeed's bf16 runs it (a bf16 residual stream and memory;"
+                 " the optimizer here keeps no fp32 master copy, so its time is not DeepSpeed's)",
 }
 
 
@@ -125,7 +127,8 @@ def run_one(args) -> dict:
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(0)
-    model = build_model(cfg).to(dev).train()
+    bf16_model = "bf16model" in variants
+    model = build_model(cfg).to(dev, torch.bfloat16 if bf16_model else None).train()
     torch._dynamo.reset()
     counters.clear()
     forward = model
@@ -144,7 +147,8 @@ def run_one(args) -> dict:
     # The trainer's tail plans (trainer/loop/batch_transfer.py): made from the host's targets, sent along
     plans = [None if "noplan" in variants or not cfg.cutoffs else
              tail_plan(seq[:, 1:], cfg.cutoffs, cfg.vocab_size).to(dev) for seq in host_pool]
-    state = {"memory": model.init_memory(lanes, device=dev), "i": 0}
+    memory_dtype = torch.bfloat16 if bf16_model else torch.float32
+    state = {"memory": model.init_memory(lanes, device=dev, dtype=memory_dtype), "i": 0}
     params = list(model.parameters())
 
     def step(marks=None):
@@ -152,7 +156,8 @@ def run_one(args) -> dict:
         state["i"] += 1
         mark = marks or (lambda name: None)
         mark("start")
-        with torch.autocast(dev.type, dtype=torch.bfloat16), torch.profiler.record_function("fwd"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not bf16_model), \
+                torch.profiler.record_function("fwd"):
             out = forward(seq[:, :-1], state["memory"], targets=seq[:, 1:], tail_plan=plan)
             loss = out.nll.float().mean()
         mark("fwd")
