@@ -166,9 +166,9 @@ def build_due(op_dir: Path, sources: list[str], includes: list[str], ninja: str 
     return None
 
 
-def _built_from(ninja: str) -> str:
+def _built_from(rules: str) -> str:
     """The DeepSpeed folder a build.ninja's sources come from (what a person recognises), else ''."""
-    for line in ninja.splitlines():
+    for line in rules.splitlines():
         if line.startswith("build ") and "/deepspeed/ops/csrc/" in line:
             return line.rsplit(" ", 1)[-1].split("/deepspeed/ops/csrc/")[0] + "/deepspeed"
     return ""
