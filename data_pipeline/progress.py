@@ -7,9 +7,9 @@ trainer.loop.progress.Progress.
     meter.update(1, tokens=64)                                   # n units done, tokens done with them
     meter.close()                                                # plain mode: one closing line with the totals
 
-Meter's plain lines come at most every `every_s` seconds (the first after `every_s`), so a quick job prints only
-its closing line and a redirected log of a long one gets a line a quarter-minute, each with what is done, the rate
-and the ETA (when the total is known).
+Meter's plain lines come at most every `every_s` seconds, the first after FIRST_LINE_S at most (no command stays
+silent longer than 10 s before a line of progress), so a quick job prints only its closing line and a redirected log
+of a long one gets a line a quarter-minute, each with what is done, the rate and the ETA (when the total is known).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 from typing import TextIO
 
 PLAIN_EVERY_S = 15.0
+FIRST_LINE_S = 8.0  # the first plain line comes this soon (if the job lasts that long)
 PROGRESS_ENV = "MEMLM_PROGRESS"  # "0": no progress display (Ray workers: the driver reports their progress)
 
 
@@ -54,7 +55,7 @@ class Meter:
         self.desc, self.total, self.unit, self.enabled = desc, total, unit, enabled and progress_wanted()
         self.stream = stream or sys.stderr
         self.every_s, self.tokens_label = every_s, tokens_label
-        self.done, self.tokens = 0, 0
+        self.done, self.tokens, self.lines = 0, 0, 0
         self.start = self.last_line = time.monotonic()
         self.bar = None
         self.closed = False
@@ -72,7 +73,7 @@ class Meter:
             self.bar.update(n)
             if self.tokens:
                 self.bar.set_postfix_str(f"{self.tokens:,} {self.tokens_label}, {self.rate():,.0f}/s", refresh=False)
-        elif time.monotonic() - self.last_line >= self.every_s:
+        elif time.monotonic() - self.last_line >= (self.every_s if self.lines else min(self.every_s, FIRST_LINE_S)):
             self._line()
 
     def rate(self) -> float:
@@ -97,7 +98,7 @@ class Meter:
 
     def _line(self, final: bool = False) -> None:
         print(self.line(final), file=self.stream, flush=True)
-        self.last_line = time.monotonic()
+        self.last_line, self.lines = time.monotonic(), self.lines + 1
 
     def close(self, summary: bool = True) -> None:
         """End the display; in plain mode one closing line with the totals (summary=False: none)."""

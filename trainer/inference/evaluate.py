@@ -15,6 +15,7 @@ length is configuration only, so the same weights load strictly at any --mem-len
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from memlm.trainer.checkpoint import pretrained
 from memlm.trainer.checkpoint.store import find_checkpoint, step_of
 from memlm.trainer.checkpoint.weights import load_weights
 from memlm.trainer.config.run_config import RunConfig, eval_model_config, load_config, override_config
+from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.distributed import evaluation_group
 from memlm.trainer.runtime.process import prepare_process, refit_threads
 
@@ -130,6 +132,19 @@ def summarize(split: str, nll_total: float, tokens: int, documents: int, tgt_len
 # A run folder -> config, checkpoint, JSON
 
 
+@contextlib.contextmanager
+def _start_watch(wanted: bool):
+    """`memlm eval: still loading the weights of ... (9 s)` while a slow start says nothing (runtime/heartbeat.py)."""
+    if not wanted:
+        yield
+        return
+    heartbeat.start("memlm eval")
+    try:
+        yield
+    finally:
+        heartbeat.stop()
+
+
 def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int | None = None,
                  mem_len: int | None = None, mem_mult: float | None = None, clamp_len: int | None = None,
                  same_length: bool | None = None, lanes: int | None = None, json_path: str | os.PathLike | None = None,
@@ -167,13 +182,15 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
     check_vocab_size(manifest, mcfg.vocab_size)
 
     prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
-    with evaluation_group() as (rank, world_size, device):
+    with evaluation_group() as (rank, world_size, device), _start_watch(rank == 0 and progress):
+        heartbeat.phase(f"loading the weights of {run_dir if export is not None else ckpt_dir / tag}")
         if export is not None:
             model = pretrained.build_export_model(export, mcfg)
         else:
             model = build_model(mcfg)
             model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
         model.to(device)
+        heartbeat.phase(None)  # the evaluation's own progress lines from here (its first within 8 s)
         result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
                           rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
                           progress=progress, accuracy=is_task(manifest))

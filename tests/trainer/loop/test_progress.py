@@ -36,6 +36,21 @@ def test_plain_lines_are_rate_limited():
     assert out.getvalue() == ""  # a quick job: no line before the interval, and the caller prints the totals
 
 
+def test_the_first_plain_line_comes_within_eight_seconds(monkeypatch):
+    """A long job's log says it is working before 10 s have passed (issue 32), then every `every_s`."""
+    from memlm.data_pipeline import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    meter = Meter("eval valid", total=100, unit="batch", stream=out, every_s=15.0)
+    for advance in (7.9, 0.2, 14.0, 1.1):  # at 7.9 s none, at 8.1 s the first, at 22.1 s none, at 23.2 s the next
+        now[0] += advance
+        meter.update(1)
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["eval valid: 2/100 batch", "eval valid: 4/100 batch"], lines
+
+
 def test_a_terminal_gets_a_bar_and_a_disabled_meter_prints_nothing():
     tty = FakeTerminal()
     with Meter("generate", total=3, unit="tok", stream=tty) as meter:
