@@ -31,13 +31,17 @@ ROW_MULTIPLE = 64
 class TailPlan:
     bounds: tuple[tuple[int, int], ...]  # the tail clusters' [lo, hi) token ranges, in order
     rows: tuple[Tensor, ...]  # per tail cluster: int64 [R_i], rows of the flattened targets, -1 = padding
+    static: bool = False  # padded to fixed capacities: lengths left static for torch.compile (CUDA graphs)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TailPlan:
-        return TailPlan(self.bounds, tuple(_dynamic(r.to(device, non_blocking=non_blocking)) for r in self.rows))
+        return self._with(r.to(device, non_blocking=non_blocking) for r in self.rows)
 
     def pin_memory(self) -> TailPlan:
         """Page-locked copies, for a `to(cuda, non_blocking=True)` that does not wait for the host."""
-        return TailPlan(self.bounds, tuple(_dynamic(r.pin_memory()) for r in self.rows))
+        return self._with(r.pin_memory() for r in self.rows)
+
+    def _with(self, rows) -> TailPlan:
+        return TailPlan(self.bounds, tuple(r if self.static else _dynamic(r) for r in rows), self.static)
 
 
 def tail_bounds(cutoffs: Sequence[int], vocab_size: int) -> tuple[tuple[int, int], ...]:
@@ -46,22 +50,26 @@ def tail_bounds(cutoffs: Sequence[int], vocab_size: int) -> tuple[tuple[int, int
 
 
 def tail_plan(targets: Tensor, cutoffs: Sequence[int], vocab_size: int, multiple: int = ROW_MULTIPLE,
-              host: bool = True) -> TailPlan:
+              host: bool = True, capacity: Sequence[int] | None = None) -> TailPlan:
     """targets [B, N] (any shape; -100 = ignored, in no cluster) -> the rows of targets.reshape(-1) in each tail
     cluster [cutoffs[i], cutoffs[i + 1]) (the last up to vocab_size), ascending, padded with -1.
 
     host=True (the trainer's plan): targets must be a host tensor (read through numpy, no device op at all).
     host=False: targets on any device, at one host sync per cluster (`nonzero`) on a GPU: the head's fallback when
-    it is given no plan."""
+    it is given no plan.
+    capacity: per tail cluster, the rows to pad to at least: a static plan, one shape for every batch that fits
+    (CUDA graphs replay one shape); a batch over a cluster's capacity gets the next multiple instead, a new shape.
+    Its lengths are then left static for torch.compile."""
     flat = targets.reshape(-1)
     plan = []
-    for lo, hi in tail_bounds(cutoffs, vocab_size):
+    for i, (lo, hi) in enumerate(tail_bounds(cutoffs, vocab_size)):
         inside = (flat >= lo) & (flat < hi)
         # host: through numpy, which refuses device tensors, so a plan meant to cost no sync never does one
         rows = torch.from_numpy(np.flatnonzero(inside.numpy())) if host else inside.nonzero().squeeze(1)
-        size = max(multiple, -(-rows.numel() // multiple) * multiple)
-        plan.append(_dynamic(torch.cat([rows, rows.new_full((size - rows.numel(),), -1)])))
-    return TailPlan(tail_bounds(cutoffs, vocab_size), tuple(plan))
+        size = max(multiple, -(-rows.numel() // multiple) * multiple, capacity[i] if capacity else 0)
+        padded = torch.cat([rows, rows.new_full((size - rows.numel(),), -1)])
+        plan.append(padded if capacity else _dynamic(padded))
+    return TailPlan(tail_bounds(cutoffs, vocab_size), tuple(plan), static=bool(capacity))
 
 
 def _dynamic(rows: Tensor) -> Tensor:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import re
 import statistics
@@ -64,6 +63,8 @@ VARIANTS = {
     "clipfold": "the clip folded into the fused AdamW step (trainer/loop/fused_clip.py)",
     "triton": "model.attention triton (models/attention_triton.py) instead of --attention",
     "noplan": "no tail plan: the head finds its tail rows on the device (a sync and a graph break per cluster)",
+    "cudagraph": "CUDA graphs over the compiled forward and backward (mode reduce-overhead; model scope), the tail "
+                 "plans padded to fixed capacities (one shape), the carried state copied out of the graph's pool",
     "bf16model": "the model in bf16 without autocast, as DeepSpeed's bf16 runs it (a bf16 residual stream and memory;"
                  " the optimizer here keeps no fp32 master copy, so its time is not DeepSpeed's)",
 }
@@ -83,17 +84,14 @@ def category(name: str) -> str:
 # one run, in its own process
 
 
-def detach_memory(memory):
-    """The carried state, detached and contiguous: `roll_valid` returns a strided slice, whose stride guard
-    recompiles the whole-model graph once at the second segment (found on CPU with dynamo)."""
-    if isinstance(memory, torch.Tensor):
-        return memory.detach().contiguous()
-    if isinstance(memory, list):
-        return [detach_memory(m) for m in memory]
-    if dataclasses.is_dataclass(memory):
-        return dataclasses.replace(memory, **{f.name: detach_memory(getattr(memory, f.name))
-                                              for f in dataclasses.fields(memory)})
-    return memory
+def carried(memory, copy: bool):
+    """The state the next step reads, as the trainer carries it (`memory.detached()`: no contiguous copy, so a
+    state whose layout changes shows up as a recompile); copied out of the CUDA graph's memory pool under the
+    cudagraph variant, where the next replay overwrites the graph's outputs."""
+    from memlm.models.output import map_memory
+
+    state = memory.detached()
+    return map_memory(torch.clone, state) if copy else state
 
 
 def run_one(args) -> dict:
@@ -137,7 +135,8 @@ def run_one(args) -> dict:
         if scope == "layers+head":  # the head's graph of its own too: a short compile, no eager head
             model.head.compile(dynamic=False)
     elif scope == "model":
-        forward = torch.compile(model, dynamic=False)
+        # cudagraph: CUDA graphs over the compiled forward and backward (cudagraph trees), static tail plans
+        forward = torch.compile(model, dynamic=False, mode="reduce-overhead" if "cudagraph" in variants else None)
     opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=cuda or "clipfold" in variants)
     gen = torch.Generator().manual_seed(1)
     weights = 1.0 / torch.arange(1, cfg.vocab_size + 1, dtype=torch.float64)
@@ -145,13 +144,19 @@ def run_one(args) -> dict:
                  for _ in range(4)]
     pool = [seq.to(dev) for seq in host_pool]
     # The trainer's tail plans (trainer/loop/batch_transfer.py): made from the host's targets, sent along
+    capacity = None
+    if "cudagraph" in variants and cfg.cutoffs:  # one shape for every batch: the pool's largest, one multiple more
+        sizes = [[len(r) for r in tail_plan(seq[:, 1:], cfg.cutoffs, cfg.vocab_size).rows] for seq in host_pool]
+        capacity = [max(column) + 64 for column in zip(*sizes)]
     plans = [None if "noplan" in variants or not cfg.cutoffs else
-             tail_plan(seq[:, 1:], cfg.cutoffs, cfg.vocab_size).to(dev) for seq in host_pool]
+             tail_plan(seq[:, 1:], cfg.cutoffs, cfg.vocab_size, capacity=capacity).to(dev) for seq in host_pool]
     memory_dtype = torch.bfloat16 if bf16_model else torch.float32
     state = {"memory": model.init_memory(lanes, device=dev, dtype=memory_dtype), "i": 0}
     params = list(model.parameters())
 
     def step(marks=None):
+        if "cudagraph" in variants:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are no longer read
         seq, plan = pool[state["i"] % len(pool)], plans[state["i"] % len(pool)]
         state["i"] += 1
         mark = marks or (lambda name: None)
@@ -177,7 +182,7 @@ def run_one(args) -> dict:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         mark("opt")
-        state["memory"] = detach_memory(out.memory)
+        state["memory"] = carried(out.memory, copy="cudagraph" in variants)
 
     row = {"run": args.run, "arch": arch, "shape": shape, "lanes": lanes, "scope": scope, "torch": torch.__version__,
            "attention": attention, "head_loss": args.head_loss, "variants": sorted(variants),
