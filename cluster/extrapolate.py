@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.data_pipeline.progress import format_duration
+from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
 from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
@@ -64,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
     client, experiment_id, uri = open_experiment(args.experiment, args.uri)
     total = len(runs) * len(mults)
+    heartbeat.phase(None)  # its first line (memlm/start_watch.py)
     print(f"extrapolate: {len(runs)} run(s) x m in {_mult_text(mults)} (N = {args.tgt_len}, {args.split} split): "
           f"{len(jobs)} evaluation(s) to run", flush=True)
     if results:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.runtime import heartbeat
+
 from .errors import ClusterError
 from .extrapolate import RETRY_EXCEPTIONS
 from .ray_runtime import error_reason
@@ -132,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     from .extrapolate_mlflow import open_experiment
 
     client, experiment_id, uri = open_experiment(args.experiment, args.uri)
+    heartbeat.phase(None)  # its first line (memlm/start_watch.py)
     print(f"longeval: {len(runs)} run(s) x {len(lengths)} length(s) on {task} ({args.depths} depth windows x "
           f"{args.samples} samples, {args.split} split): {len(jobs)} evaluation(s) to run", flush=True)
     seconds: dict[tuple[str, int], float] = {}

@@ -196,9 +196,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 num_gpus: int | None = None) -> Iterator[None]:
     """Ray for the duration of the block; shut down afterwards only if this block started it."""
     quiet_console_env()
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.said()  # the command has just said what it will run
+    heartbeat.phase(f"connecting to the Ray cluster at {address}" if address else "starting a local Ray (127.0.0.1)")
     import ray
 
     started = start(address, num_cpus, num_gpus)
+    heartbeat.phase(None)  # the command's progress lines from here
     try:
         yield
     finally:

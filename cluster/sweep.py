@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.trainer.config import presets
+from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
 from .sweep_config import Sweep, load_sweep
@@ -69,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
 
     _route_library_logs(sweep_dir)
     base = presets.name_of(sweep.base_path)
+    heartbeat.phase(None)  # its first line (memlm/start_watch.py)
     print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {base} in {sweep_dir}", flush=True)
     parent: ParentRun | None = None
     try:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
+from .progress import phase as progress_phase
 from .shards import DEFAULT_SHARD_TOKENS, write_split
 
 CORPORA = ("wikitext", "enwik8", "text8", "textdir", "jsonl", "task")
@@ -134,6 +135,7 @@ def _prepare_corpus(tmp: Path, corpus: str, input_path, kind: str, vocab_size, s
         tok.save(tok_dir)
     else:
         # A callable: the bytes tokenizer never reads the corpus, so nothing is read for it.
+        progress_phase(f"reading {input_path}'s train split and training the {kind} tokenizer")
         tok = train_tokenizer(kind, lambda: read_corpus(corpus, input_path, "train", split_pages), vocab_size, tok_dir)
     one_document_splits = corpus in ("enwik8", "text8") and not split_pages
     pool = None
@@ -142,6 +144,7 @@ def _prepare_corpus(tmp: Path, corpus: str, input_path, kind: str, vocab_size, s
     try:
         splits = {}
         for split in SPLITS:
+            progress_phase(f"reading {input_path}'s {split} split")
             documents = read_corpus(corpus, input_path, split, split_pages)
             if pool is None:
                 encoded = (_encode(tok, document) for document in documents)

@@ -17,11 +17,23 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 PLAIN_EVERY_S = 15.0
 FIRST_LINE_S = 8.0  # the first plain line comes this soon (if the job lasts that long)
 PROGRESS_ENV = "MEMLM_PROGRESS"  # "0": no progress display (Ray workers: the driver reports their progress)
+
+
+# A command's start watch (trainer/runtime/heartbeat.py; memlm/cli.py connects it here, since this lowest layer
+# imports nothing of memlm) hears what slow step the data code starts, and that a meter's display has begun.
+phase_listener: Callable[[str | None], None] | None = None
+
+
+def phase(what: str | None) -> None:
+    """Name the slow step that starts now (None: progress is shown from here), for the command's start watch."""
+    if phase_listener is not None:
+        phase_listener(what)
 
 
 def progress_wanted() -> bool:
@@ -59,6 +71,8 @@ class Meter:
         self.start = self.last_line = time.monotonic()
         self.bar = None
         self.closed = False
+        if self.enabled:
+            phase(None)  # its bar, or its first line within FIRST_LINE_S, says the rest
         if enabled and is_terminal(self.stream):
             from tqdm import tqdm
 

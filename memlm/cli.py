@@ -28,8 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
     interrupt = Interrupt()
+    from memlm.start_watch import watched
+
     try:
-        with interrupt.watched():
+        with interrupt.watched(), watched(args.command):  # a line within 10 s, however slow the start (issue 32)
             return int(args.run(args) or 0)
     except KeyboardInterrupt as exc:
         return interrupt.report(args.command, str(exc))
@@ -181,6 +183,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 def _run_demo(args: argparse.Namespace) -> int:
     from memlm import demo
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase("preparing the demo's corpus")
 
     return demo.main(args)
 
@@ -214,7 +219,11 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
+    from memlm.data_pipeline import progress
     from memlm.data_pipeline.prepare import prepare
+    from memlm.trainer.runtime import heartbeat
+
+    progress.phase_listener = heartbeat.phase  # prepare names its slow steps; its progress meters end them
 
     task_options = None
     if args.corpus == "task":
@@ -231,6 +240,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
                        task=args.task, task_options=task_options, shard_tokens=args.shard_tokens,
                        split_pages=args.split_pages, workers=args.workers, overwrite=args.overwrite,
                        tokenizer_from=args.tokenizer_from)
+    heartbeat.phase(None)
     tok = manifest["tokenizer"]
     print(f"{args.out}: tokenizer {tok['kind']} (vocab {tok['vocab_size']})")
     for split, entry in manifest["splits"].items():
@@ -408,6 +418,9 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
 
 def _run_extrapolate(args: argparse.Namespace) -> int:
     from memlm.cluster import extrapolate
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase("checking the runs and opening the MLflow store")
 
     return extrapolate.main(args)
 
@@ -439,6 +452,9 @@ def _add_longeval(commands: argparse._SubParsersAction) -> None:
 
 def _run_longeval(args: argparse.Namespace) -> int:
     from memlm.cluster import longeval
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase("checking the runs and opening the MLflow store")
 
     return longeval.main(args)
 
@@ -459,6 +475,9 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from memlm.cluster import sweep
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase("checking the sweep and loading MLflow")
 
     return sweep.main(args)
 
@@ -473,7 +492,10 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    from memlm.trainer.runtime import heartbeat
     from memlm.trainer.tracking import compare
+
+    heartbeat.phase(f"reading experiment {args.experiment!r} from MLflow and drawing its curves")
 
     return compare.main(args)
 
@@ -487,7 +509,10 @@ def _add_ui(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_ui(args: argparse.Namespace) -> int:
+    from memlm.trainer.runtime import heartbeat
     from memlm.trainer.tracking import ui
+
+    heartbeat.phase("starting the MLflow server")
 
     return ui.main(args)
 
@@ -501,7 +526,10 @@ def _add_track(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_track(args: argparse.Namespace) -> int:
+    from memlm.trainer.runtime import heartbeat
     from memlm.trainer.tracking import catchup
+
+    heartbeat.phase(f"comparing {args.run_dir} with its MLflow run")
 
     return catchup.main(args)
 

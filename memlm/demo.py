@@ -290,6 +290,9 @@ def main(args) -> int:
     print(f"  training {', '.join(archs)} at equal steps and tokens: {steps:,} steps x {BATCH} lanes x "
           f"{MODEL['tgt_len']} tokens = {tokens:,} tokens each (2 layers, d_model {MODEL['d_model']}, "
           f"N {MODEL['tgt_len']}, M {MODEL['mem_len']}, lr {lr:g})", flush=True)
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase(None)  # the demo's own lines from here (memlm/start_watch.py)
 
     from memlm.invocation import activation_hint, memlm_command
     from memlm.models.flops import param_count

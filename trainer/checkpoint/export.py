@@ -152,8 +152,12 @@ def main(args) -> int:
     import sys
 
     # DeepSpeed (imported to read the checkpoint) logs to the stdout it finds at import: keep stdout for the listing.
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase(f"exporting the weights of {args.run_dir}")  # memlm/start_watch.py: a line within 10 s
     with contextlib.redirect_stdout(sys.stderr):
         out = export_run(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    heartbeat.phase(None)
     marker = json.loads((out / MARKER).read_text())
     print(f"{out}: {marker['arch']} at step {marker['step']}, {marker['parameters']:,} parameters, {args.dtype}")
     for path in sorted(p for p in out.rglob("*") if p.is_file()):

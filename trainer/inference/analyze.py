@@ -217,6 +217,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     from memlm.data_pipeline.format import DataError
     from memlm.data_pipeline.stream import LaneStream
     from memlm.trainer.checkpoint.store import step_of
+    from memlm.trainer.runtime import heartbeat  # each slow step named: a line within 10 s (memlm/start_watch.py)
 
     from .analyze_plots import write_plots
     from .evaluate import write_json
@@ -225,6 +226,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     if segments < 1:
         raise ConfigError(f"--segments must be >= 1, got {segments}")
     run_dir = Path(run_dir)
+    heartbeat.phase(f"loading the weights of {run_dir}")
     model, _, cfg = load_run_model(run_dir, tag=tag)
     if arch_spec(model.cfg.arch).mem_len == "zero":
         log.info(f"arch {model.cfg.arch!r} has no memory: only the current segment's attention is analysed")
@@ -235,6 +237,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
         raise DataError(f"{data_dir} has no split {split!r}")
     stream = LaneStream(data_dir, split, lanes=1, seg_len=model.cfg.tgt_len, mode="eval",
                         continuous=cfg.data.continuous)
+    heartbeat.phase(f"running {segments} {split} segment(s) with their attention recorded")
     result = collect(model, stream, segments)
     from memlm.trainer.checkpoint.store import find_checkpoint
 
@@ -242,10 +245,13 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     out = Path(out_dir) if out_dir else run_dir / "analysis"
     files = [write_json(result, out / f"analysis-{split}.json")]
     title = f"{run_dir.name} ({result['arch']}, {split}, {result['segments']} segments)"
+    heartbeat.phase(f"drawing the plots into {out}")
     files += write_plots(result, out, title=title)
     result["files"] = [str(f) for f in files]
     if track:
+        heartbeat.phase("logging the analysis to the run's MLflow run")
         result["mlflow"] = log_to_mlflow(cfg, run_dir, files)
+    heartbeat.phase(None)
     return result
 
 

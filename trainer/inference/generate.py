@@ -317,10 +317,15 @@ def main(args) -> int:
     device = "cuda" if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu" else "cpu"
     # stdout carries the generated text only: DeepSpeed (imported while loading a checkpoint) logs to the stdout
     # it finds at import time, so it is imported with stdout pointing at stderr.
+    from memlm.trainer.runtime import heartbeat
+
+    heartbeat.phase(f"loading the weights of {args.run_dir}")  # memlm/start_watch.py: a line within 10 s
     with contextlib.redirect_stdout(sys.stderr):
         gen = Generator.from_run(args.run_dir, mem_len=args.mem_len, device=device)
     gen.encode_prompt(prompt)  # refuse a bad prompt before anything is printed
+    heartbeat.phase(None)  # the prompt is the first line, at once (a pipe would hold it until the first token)
     sys.stdout.write(prompt)
+    sys.stdout.flush()
     for piece in gen.stream(prompt, tokens=settings.tokens, temperature=settings.temperature, top_k=settings.top_k,
                             top_p=settings.top_p, seed=settings.seed):
         sys.stdout.write(piece)

@@ -49,6 +49,12 @@ class Heartbeat:
         with self._lock:
             self._last_line, self._lines = self.clock(), 0
 
+    def take_over(self, previous: "Heartbeat") -> None:
+        """Go on from `previous`'s count of the console's silence: a watch that replaces another (memlm train's,
+        after the one the `memlm` command starts while it imports) must not restart the 8 s."""
+        with self._lock, previous._lock:
+            self._last_line, self._lines = previous._last_line, previous._lines
+
     def stop(self) -> None:
         self._stopped.set()
         if self._thread is not threading.current_thread():
@@ -96,9 +102,13 @@ _current: Heartbeat | None = None
 
 
 def start(label: str, **options) -> Heartbeat:
+    """The process's watch from now on; one already running hands over its silence count (take_over)."""
     global _current
+    previous = _current
     stop()
     _current = Heartbeat(label, **options)
+    if previous is not None:
+        _current.take_over(previous)
     return _current
 
 

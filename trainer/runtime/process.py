@@ -124,6 +124,9 @@ def fit_threads(cpus: float | None = None, who: str = "") -> ThreadChoice:
 
 def say_threads(label: str, threads: int, reason: str) -> None:
     print(f"{label} {threads} torch thread{'s' if threads != 1 else ''} ({reason})", file=sys.stderr, flush=True)
+    from . import heartbeat
+
+    heartbeat.said()  # the console just heard from this process: the start watch's silence starts over
 
 
 # ---------------------------------------------------------------------------------------------------------------

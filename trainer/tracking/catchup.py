@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from memlm.trainer.config.run_config import RunConfig
+from memlm.trainer.runtime import heartbeat
 
 from .errors import TrackingError
 
@@ -220,5 +221,6 @@ def main(args: argparse.Namespace) -> int:
     route_library_loggers(run_dir)  # a store's creation and migrations: into RUN_DIR/library.log, as in training
     with prints_into_library_log(run_dir):  # MLflow's "View run ... at: URL" when a run on a server ends
         done = catch_up(run_dir, args.uri)
+    heartbeat.phase(None)
     print(done.line(run_dir))
     return 0

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.runtime import heartbeat
+
 from .compare_runs import COMPARISON_KIND, KIND_TAGS, ExperimentRuns, describe, open_store, read_experiment, resolve_uri
 from .compare_table import build_row, sort_rows, to_csv, to_markdown
 from .errors import TrackingError
@@ -41,7 +43,10 @@ def main(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise TrackingError(f"--out {out} is a file; pass a folder (it is created when missing)")
     files, markdown = write_comparison(found, out)
+    heartbeat.phase(None)  # the table is the command's first line (memlm/start_watch.py)
     sys.stdout.write(markdown)
+    heartbeat.said()
+    heartbeat.phase(f"logging the comparison to MLflow at {uri}")
     run_id = log_comparison(client, uri, found, files, markdown)
     logged = f"; logged to MLflow run {run_id} in {comparison_experiment(args.experiment)!r}" if run_id else ""
     print(f"wrote {', '.join(str(f) for f in files)}{logged}", file=sys.stderr)

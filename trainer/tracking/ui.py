@@ -35,6 +35,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from memlm.trainer.runtime import heartbeat
+
 from .errors import TrackingError
 
 READY_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core machine takes ~15-30 s
@@ -101,6 +103,7 @@ def main(args: argparse.Namespace) -> int:
         if _stop_requested:  # a Ctrl-C inside the store's code, which may have raised something else in its place
             raise _Stop()
         wait_until_ready(proc, url, log_path)
+        heartbeat.phase(None)  # the command's own lines from here (memlm/start_watch.py)
         print(f"MLflow UI at {url} (store {store}; server log {log_path}); Ctrl-C stops it", flush=True)
         for line in links:
             print(line, flush=True)

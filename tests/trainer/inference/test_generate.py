@@ -19,6 +19,7 @@ import torch
 
 from memlm.models import ModelConfig, build_model
 from memlm.trainer.inference.generate import Generator, Session, TextStream, sample_next
+from support import start_watch
 from support.training import make_data, train_in_process
 
 CASES = {
@@ -210,6 +211,20 @@ def test_cli_streams_the_api_text(runs, capsys):
     assert cli.main(["generate", str(runs / "txl"), "--prompt-file", str(prompt_file), "--tokens", "30", "--seed",
                      "3", "--top-k", "20", "--mem-len", "16"]) == 0
     assert capsys.readouterr().out.startswith(prompt)
+
+
+def test_a_slow_start_says_what_it_loads_before_the_prompt(runs):
+    """Issue 32: under load `memlm generate` printed nothing for 13 s (torch, DeepSpeed, the weights). Its start
+    watch, here after 0.05 s instead of 8 s (support/start_watch.py), names the import, then the weights; the text
+    on stdout is unchanged."""
+    proc = start_watch.start(["generate", str(runs / "txl"), "--prompt", "the cat", "--tokens", "5", "--seed", "1"])
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    assert err.startswith("memlm generate: still loading torch and memlm's modules ("), err[-3000:]
+    loading = f"memlm generate: still loading the weights of {runs / 'txl'} ("
+    assert any(line.startswith(loading) for line in start_watch.still_lines(err, "generate")), err[-3000:]
+    expected = Generator.from_run(runs / "txl").generate("the cat", tokens=5, seed=1)
+    assert out == "the cat" + expected + "\n"
 
 
 def _error_line(argv, capsys) -> str:
