@@ -42,6 +42,7 @@ GETS = ("{p} picked up the {x}.", "{p} got the {x}.", "{p} grabbed the {x}.")
 DROPS = ("{p} dropped the {x}.", "{p} put down the {x}.", "{p} discarded the {x}.")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 QUESTION_MARK = " Q: "
+MIN_LENGTH = 64  # bytes: room for the facts or the passkey, the question and the answer
 
 DEFAULTS = {
     "qa1": {"length": 1000, "depth_min": 0.0, "depth_max": 1.0, "facts": 6, "background": ""},
@@ -62,8 +63,8 @@ def check(task: str, o: dict) -> None:
     """One readable error for options that cannot make a sample."""
     if not 0.0 <= o["depth_min"] <= o["depth_max"] <= 1.0:
         raise DataError(f"{task}: need 0 <= depth_min <= depth_max <= 1, got {o['depth_min']} and {o['depth_max']}")
-    if o["length"] < 64:
-        raise DataError(f"{task}: --task-length (the sample's bytes) must be >= 64, got {o['length']}")
+    if o["length"] < MIN_LENGTH:
+        raise DataError(f"{task}: --task-length (the sample's bytes) must be >= {MIN_LENGTH}, got {o['length']}")
     if task == "passkey":
         if not 1 <= o["digits"] <= 18:
             raise DataError(f"passkey: digits must be in 1..18, got {o['digits']}")

@@ -47,13 +47,17 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
     """
     out = Path(out)
     tokenizer = _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_from)
+    if corpus == "task":
+        from .tasks import resolve_options
+
+        task_options = resolve_options(task, task_options)  # a bad option is refused before any folder is made
     _check_out(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(out.parent)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     if tmp.exists():  # a leftover of an earlier process with our pid
         shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         if corpus == "task":
             manifest = _prepare_task(tmp, task, task_options, shard_tokens, progress)
         else:
@@ -64,8 +68,24 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
         _install(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)  # a refused or failed prepare leaves no empty folders behind (issue 32)
         raise
     return manifest
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """mkdir -p `folder`; the folders it created, deepest first."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first: a parent empties as its children go
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another process wrote there meanwhile) or already gone: leave it
+            return
 
 
 def _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_from) -> str:

@@ -88,9 +88,13 @@ def test_small_corpus_end_to_end_and_deterministic(tmp_path, kind):
 
 def test_failures_leave_no_folder_and_keep_an_earlier_one(tmp_path):
     empty = _textdir(tmp_path / "empty", {**TEXTS, "valid": []})
-    run = memlm("--corpus", "textdir", "--input", str(empty), "--out", str(tmp_path / "out"))
+    run = memlm("--corpus", "textdir", "--input", str(empty), "--out", str(tmp_path / "new" / "folders" / "out"))
     _assert_failed(run, "no documents")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no out, no out.tmp-*
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no out, no out.tmp-*, no parents made for it
+    # Refused before anything is made (issue 32: a refused task left an empty parent folder behind)
+    run = memlm("--corpus", "task", "--task", "passkey", "--task-length", "16", "--out", str(tmp_path / "new" / "out"))
+    _assert_failed(run, "--task-length (the sample's bytes) must be >= 64, got 16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
     good = _textdir(tmp_path / "good")
     assert memlm("--corpus", "textdir", "--input", str(good), "--out", str(tmp_path / "out")).returncode == 0

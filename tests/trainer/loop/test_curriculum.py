@@ -85,6 +85,32 @@ def test_curriculum_stages_grow_and_start_from_the_previous_stage(tmp_path, caps
     assert printed.count("finished earlier") == 2 and started_from == [stages[0]]
 
 
+@pytest.mark.parametrize("argv,named", [
+    # the README's line before issue 32: tiny/armt's tgt_len 8 makes a 16-byte first stage
+    (["tiny/armt", "--task", "passkey", "--segments", "2,4,8", "--steps", "500"],
+     ["--segments 2 x model.tgt_len 8, is 16", "start --segments at 8", "model.tgt_len=32"]),
+    (["tiny/armt", "--task", "qa1", "--segments", "8"], ["--background WIKITEXT_DIR"]),
+    (["tiny/armt", "--task", "qa1", "--segments", "8", "--background", "{tmp}/nowhere"],
+     ["--background {tmp}/nowhere: no wiki.train.tokens"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "8", "--background", str(WIKITEXT2)], ["takes no --background"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "8", "--docs", "10,0,1"], ["--docs '10,0,1'"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "8", "--docs", "many"], ["--docs 'many'"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "8", "--steps", "0"], ["--steps must be >= 1"]),
+])
+def test_refusals_name_curriculums_own_options_and_leave_nothing(argv, named, tmp_path, capsys):
+    """Issue 32: the task's own check said `passkey: --task-length (the sample's bytes) must be >= 64, got 16`, an
+    option curriculum does not have, after OUT/data/ was made. Every stage is checked first, in one line naming
+    what to change."""
+    from memlm.cli import main
+
+    out = tmp_path / "cur"
+    assert main(["curriculum", *[a.format(tmp=tmp_path) for a in argv], "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("memlm: error: "), err
+    assert all(text.format(tmp=tmp_path) in err for text in named) and "--task-length" not in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("segments", ["4,2", "0,1", "a"])
 def test_bad_segments_are_one_line(segments, tmp_path, capsys):
     from memlm.cli import main
