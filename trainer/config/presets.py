@@ -12,6 +12,8 @@ Looked up through importlib.resources, so an installed wheel finds them exactly 
 from __future__ import annotations
 
 import difflib
+import re
+import textwrap
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
@@ -59,19 +61,35 @@ def names() -> list[str]:
     return sorted(path.relative_to(base).with_suffix("").as_posix() for path in base.rglob(f"*{SUFFIX}"))
 
 
+# A full stop that ends a sentence: followed by a space or the end, and not one of the abbreviations the presets'
+# comments use ("App. B", "Rae et al., 2020", "e.g. 4").
+SENTENCE_END = re.compile(r"(?<!\bApp)(?<!\bFig)(?<!\bEq)(?<!\bal)(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)\.(?=\s|$)")
+LIST_WIDTH = 120  # `memlm config --list` wraps a description under itself past this column
+
+
 def summary(name: str) -> str:
-    """The first comment line of a preset, without its `#`: what `memlm config --list` shows beside the name."""
+    """The first sentence of a preset's leading comment, without its `#`s: what `memlm config --list` shows beside
+    the name (issue 32: the first comment line alone cut most descriptions mid-sentence)."""
+    lines = []
     for line in path_of(name).read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip()
-    return ""
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(filter(None, lines))
+    end = SENTENCE_END.search(text)
+    return text[:end.end()] if end else text
 
 
 def listing() -> str:
-    """One line per preset: its name, then its summary, in aligned columns."""
+    """Each preset's name, then its summary in an aligned column, wrapped under itself past LIST_WIDTH."""
     all_names = names()
     width = max(map(len, all_names), default=0)
-    return "".join(f"{name:<{width}}  {summary(name)}".rstrip() + "\n" for name in all_names)
+    rows = []
+    for name in all_names:
+        lines = textwrap.wrap(summary(name), LIST_WIDTH - width - 2, break_on_hyphens=False) or [""]
+        rows.append(f"{name:<{width}}  {lines[0]}".rstrip() + "\n")
+        rows += [f"{'':<{width}}  {line}\n" for line in lines[1:]]
+    return "".join(rows)
 
 
 def name_of(path: Path) -> str:

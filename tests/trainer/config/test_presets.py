@@ -3,6 +3,7 @@ a mistyped name is one line naming the closest presets, and the wheel carries th
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -115,11 +116,26 @@ def test_every_moved_name_points_at_a_preset():
 # --- the command line ------------------------------------------------------------------------------------------
 
 
-def test_config_list_shows_every_preset_once_with_its_first_comment_line(capsys):
+def test_config_list_shows_every_preset_once_with_its_whole_first_sentence(capsys):
+    """Issue 32: the first comment line alone cut most descriptions mid-sentence ("... (keys of width 4, DPFP to
+    24), window"); now each is its comment's whole first sentence, wrapped under itself within 120 columns."""
     assert main(["config", "--list"]) == 0
-    rows = [line.split(None, 1) for line in capsys.readouterr().out.splitlines()]
-    assert [row[0] for row in rows] == sorted(name_of(path) for path in FILES)  # each once, folder by folder
-    assert {row[0]: row[1] for row in rows} == {name_of(path): first_comment(path) for path in FILES}
+    printed = capsys.readouterr().out
+    assert max(map(len, printed.splitlines())) <= 120
+    rows: dict[str, str] = {}
+    for line in printed.splitlines():
+        if line.startswith(" "):  # a description's next line
+            rows[name] += " " + line.strip()
+        else:
+            name, text = line.split(None, 1)
+            rows[name] = text
+    assert list(rows) == sorted(name_of(path) for path in FILES)  # each once, folder by folder
+    for path in FILES:
+        comment = " ".join(line[1:].strip() for line in itertools.takewhile(
+            lambda line: line.startswith("#"), path.read_text().splitlines()))
+        assert comment.startswith(rows[name_of(path)]) and rows[name_of(path)].endswith("."), rows[name_of(path)]
+    assert rows["tiny/armt"].endswith("window BPTT over the last 2 segments as RMT's.")
+    assert rows["sweeps/lamemo_table5"].startswith("The LaMemo paper's hyper-parameter search (App. ")  # not a stop
 
 
 def test_a_preset_is_found_from_a_folder_outside_the_checkout(tmp_path):
