@@ -125,7 +125,7 @@ def test_config_list_shows_every_preset_once_with_its_whole_first_sentence(capsy
     rows: dict[str, str] = {}
     for line in printed.splitlines():
         if line.startswith(" "):  # a description's next line
-            rows[name] += " " + line.strip()
+            rows[list(rows)[-1]] += " " + line.strip()
         else:
             name, text = line.split(None, 1)
             rows[name] = text
