@@ -55,7 +55,7 @@ class Row:
 
 
 CSV_COLUMNS = [f.name for f in fields(Row)]
-OTHER_HEADER = "test ppl, other lengths"  # shown only when some run has such an evaluation
+OTHER_HEADER = "test ppl, other lengths"  # shown, as every column, only when some run has a value
 OTHER_TEST_PPL = re.compile(r"^test_ppl_((?:tgt\d+_mem\d+)?(?:_?clamp\d+)?(?:_?(?:not)?same)?)$")
 # (header, Row attribute, formatter) for the Markdown table
 MARKDOWN_COLUMNS = [
@@ -165,7 +165,9 @@ def to_csv(rows: list[Row]) -> str:
 
 
 def to_markdown(rows: list[Row], title: str = "", footnotes: list[str] = ()) -> str:
-    columns = [c for c in MARKDOWN_COLUMNS if c[0] != OTHER_HEADER or any(row.test_ppl_other for row in rows)]
+    # A column no run has a value for is left out (issue 32: the demo's runs, which never validate, showed an empty
+    # "dev ppl" column); the CSV keeps every column.
+    columns = [c for c in MARKDOWN_COLUMNS if not rows or any(_markdown_cell(row, c[1], c[2]) for row in rows)]
     header = [name for name, _, _ in columns]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]

@@ -351,3 +351,21 @@ def test_evaluations_at_other_lengths_get_their_own_column():
     table = to_markdown([plain, extended])
     assert "| test ppl | test ppl, other lengths |" in table
     assert "|  | 38.25 (N=8 M=16); 37.50 (N=8 M=32); 9.00 (N=64 M=256 clamp 100 same length) |" in table
+
+
+def test_a_column_no_run_has_is_left_out():
+    """Issue 32: the demo's runs never validate, and their table showed an empty "dev ppl" column. A column no run
+    has a value for is left out of the Markdown (the CSV keeps it); one that some run has stays, blank elsewhere."""
+    from memlm.trainer.tracking.compare_runs import RunRecord
+    from memlm.trainer.tracking.compare_table import build_row, to_csv, to_markdown
+
+    def row(name, metrics):
+        return build_row(RunRecord(run_id=name, name=name, status="FINISHED", params={"model.arch": "txl"},
+                                   metrics=metrics, tags={}))
+
+    demo = [row("demo-txl", {"test_ppl": 5.4}), row("demo-lamemo", {"test_ppl": 5.3})]
+    header = to_markdown(demo).splitlines()[0]
+    assert header == "| run | arch | params | mem | FLOPs/token | test ppl |", header
+    assert "dev_ppl" in to_csv(demo).splitlines()[0]
+    mixed = to_markdown([*demo, row("validated", {"valid_ppl": 6.0})])
+    assert "| dev ppl | test ppl |" in mixed and "| demo-txl | txl |" in mixed
