@@ -93,3 +93,17 @@ def test_memory_effect_and_tail_loss_are_computed_from_the_rows():
     metrics = [{"step": s, "loss": float(s)} for s in range(10, 101, 10)]
     assert demo.tail_mean_loss(metrics, 100) == 100.0  # the last tenth: steps 91..100 -> the step-100 row
     assert demo.tail_mean_loss(metrics, 200) == 100.0  # a short run: its last row
+
+
+def test_the_token_count_is_the_trained_one():
+    """Issue 32: the demo announced 3,000 x 8 x 64 = 1,536,000 tokens and trained 1,534,347 (a document's last
+    segment is padded, and padding is not trained on): the results' heading gives the trained count, the one
+    metrics.jsonl and MLflow have, and says where the rest went."""
+    from memlm.demo import equal_tokens_line
+
+    rows = [{"arch": arch, "tokens": 1_534_347} for arch in ("transformer", "txl", "lamemo")]
+    assert equal_tokens_line(3000, 1_536_000, rows) == (
+        "Equal steps and tokens for every arch (3,000 steps, 1,534,347 training tokens each; the other 1,653 of the "
+        "1,536,000 positions were documents' end padding):")
+    assert equal_tokens_line(3, 1536, [{"arch": "txl", "tokens": 1536}]) == (
+        "Equal steps and tokens for every arch (3 steps, 1,536 training tokens each):")
