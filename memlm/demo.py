@@ -345,9 +345,9 @@ def main(args) -> int:
         store = _relative_sqlite(uri)
         flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default
         command = memlm_command()
-        from memlm.trainer.tracking.tracker import RUNS_VIEW_KEY
+        from memlm.trainer.tracking.tracker import runs_link
 
-        view = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}"
+        view = runs_link("http://127.0.0.1:5000", experiment_id, saved_view=True)
         print(f"  browse it: {command} ui{flag}   (then {view})")
         print(f"  compare:   {command} compare --experiment {DEMO_EXPERIMENT}{flag}")
         if activation_hint():

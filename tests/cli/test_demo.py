@@ -49,7 +49,8 @@ def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
     from memlm.invocation import memlm_command
 
     exp_id = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("memlm-demo")
-    view = f"http://127.0.0.1:5000/#/experiments/{exp_id.experiment_id}/runs?viewStateShareKey=memlm"
+    view = (f"http://127.0.0.1:5000/#/experiments/{exp_id.experiment_id}/runs?viewStateShareKey=memlm"
+            "&workflowType=machine_learning")
     assert f"{memlm_command()} ui   (then {view})" in out  # memlm's saved view of the runs table
     assert f"{memlm_command()} compare --experiment memlm-demo" in out
 

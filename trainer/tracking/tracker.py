@@ -73,6 +73,17 @@ class RunsView(NamedTuple):
 
 TRAINING_VIEW = RunsView("memlm: training metrics", RUNS_VIEW_COLUMNS)
 
+# MLflow 3's UI starts in its GenAI mode (traces, prompts, the assistant) unless the page's address asks for the
+# classic machine-learning one: the mode is each browser's own (localStorage "mlflow.workflowType", default
+# "genai"), and no server option or experiment tag sets it (MLflow 3.17), so memlm's links to the UI carry it.
+UI_WORKFLOW = ("workflowType", "machine_learning")
+
+
+def runs_link(base_url: str, experiment_id: str, saved_view: bool) -> str:
+    """The address of an experiment's runs table in the UI: the classic view, in memlm's saved view if it has it."""
+    query = ([f"viewStateShareKey={RUNS_VIEW_KEY}"] if saved_view else []) + ["=".join(UI_WORKFLOW)]
+    return f"{base_url}/#/experiments/{experiment_id}/runs?{'&'.join(query)}"
+
 RUN_ID_CHARS = 6  # of the MLflow run id, appended to a default run name: enough to tell a store's runs apart
 
 

@@ -165,8 +165,8 @@ def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
 
     The UI's home page lists experiments, and an experiment without the `mlflow.experimentKind` tag (one made by
     an older memlm or by hand) opens on the GenAI Traces tab; these links open the training runs directly, in
-    memlm's saved view where the experiment has it."""
-    from .tracker import RUNS_VIEW_KEY, RUNS_VIEW_TAG
+    memlm's saved view where the experiment has it, in the UI's classic machine-learning mode (tracker.UI_WORKFLOW)."""
+    from .tracker import RUNS_VIEW_TAG, runs_link
 
     try:
         from .client import open_client
@@ -175,8 +175,7 @@ def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
                                                                         order_by=["last_update_time DESC"])
     except Exception:  # noqa: BLE001 - the links are a convenience; the UI itself is up
         return []
-    lines = [f"  {e.name}: {url}/#/experiments/{e.experiment_id}/runs"
-             + (f"?viewStateShareKey={RUNS_VIEW_KEY}" if RUNS_VIEW_TAG in e.tags else "")
+    lines = [f"  {e.name}: {runs_link(url, e.experiment_id, RUNS_VIEW_TAG in e.tags)}"
              for e in experiments[:limit] if not (e.name == "Default" and e.experiment_id == "0")]
     if len(experiments) > limit:
         lines.append(f"  ... and more: {url}")

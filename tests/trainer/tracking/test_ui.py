@@ -140,11 +140,12 @@ def test_ui_serves_the_store_on_loopback_and_stops_cleanly(store, tmp_path):
         out, err = "".join(printed), ui.stderr.read()
         assert ui.returncode == 0, err[-3000:]
         assert f"MLflow UI at http://127.0.0.1:{port}" in out
-        # Links to the runs tables: memlm's saved view where the experiment has it.
+        # Links to the runs tables: memlm's saved view where the experiment has it; the classic (not GenAI) mode
         ids = {name: _experiment_id(store, name) for name in (EXPERIMENT, TRACKED)}
         runs = f"http://127.0.0.1:{port}/#/experiments/{{}}/runs"
-        assert f"  {TRACKED}: {runs.format(ids[TRACKED])}?viewStateShareKey=memlm\n" in out
-        assert f"  {EXPERIMENT}: {runs.format(ids[EXPERIMENT])}\n" in out
+        classic = "workflowType=machine_learning"
+        assert f"  {TRACKED}: {runs.format(ids[TRACKED])}?viewStateShareKey=memlm&{classic}\n" in out
+        assert f"  {EXPERIMENT}: {runs.format(ids[EXPERIMENT])}?{classic}\n" in out
         # The console holds memlm's lines only: uvicorn's start-up and request lines are in the server's log,
         # requests not at all (the UI polls; a day-long session wrote thousands of lines).
         assert "INFO" not in out + err and '"GET /' not in out + err, out + err
@@ -275,3 +276,22 @@ def test_the_installed_ui_reads_saved_views_where_memlm_writes_them():
     assert f'"{prefix}"' in text and '"viewStateShareKey"' in text
     # The envelope's validation: a string name, a number createdAt, a string state.
     assert "Invalid saved-view envelope" in text
+
+
+def test_the_links_select_the_installed_uis_classic_mode():
+    """Issue 32: the UI opened in MLflow 3's GenAI mode. Its mode is the browser's own (localStorage
+    "mlflow.workflowType", default "genai") unless the address carries `workflowType`; no server option or
+    experiment tag sets it. This MLflow's bundle must still read that parameter and know the classic value, or the
+    links lose their effect silently. The assistant panel is the browser's own setting too ("mlflow.assistant.
+    panelOpen", closed unless opened): nothing a server or an experiment can choose, so memlm leaves it alone."""
+    import mlflow
+
+    from memlm.trainer.tracking.tracker import UI_WORKFLOW, runs_link
+
+    bundle = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    text = "".join(path.read_text(errors="replace") for path in bundle.glob("main.*.js"))
+    key, value = UI_WORKFLOW
+    assert f'.get("{key}")' in text and f'MACHINE_LEARNING="{value}"' in text
+    assert 'key:"mlflow.workflowType"' in text and 'key:"mlflow.assistant.panelOpen",version:1,initialValue:!1' in text
+    assert runs_link("http://127.0.0.1:5000", "3", saved_view=True) == (
+        "http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=memlm&workflowType=machine_learning")
