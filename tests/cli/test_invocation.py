@@ -1,4 +1,5 @@
-"""The hint the demo prints must be typeable: `memlm` only when the PATH finds this installation."""
+"""How memlm is reached: the hint the demo prints must be typeable (`memlm` only when the PATH finds this
+installation), and Python started in the folder above a clone named memlm finds the package."""
 
 import os
 import subprocess
@@ -28,3 +29,20 @@ def test_bare_memlm_only_when_the_path_finds_this_installation(tmp_path):
     assert typed == os.path.relpath(VENV_BIN / "memlm", VENV_BIN.parent.parent)
     assert (VENV_BIN.parent.parent / typed).exists()
     assert _ask(without, tmp_path) == str(VENV_BIN / "memlm")  # from elsewhere: absolute
+
+
+def test_python_started_above_a_clone_named_memlm_finds_the_package(tmp_path):
+    """Issue 32: there `import memlm` found the clone's folder first, as an empty namespace package, and `from memlm
+    import load_pretrained` failed with "cannot import name 'load_pretrained' from 'memlm' (unknown location)". The
+    checkout's own __init__.py makes that folder the package it holds. (The clone here: the checkout's files,
+    linked.)"""
+    clone = tmp_path / "memlm"
+    clone.mkdir()
+    for name in ("__init__.py", "pyproject.toml", "memlm", "models", "data_pipeline", "trainer", "cluster", "configs"):
+        (clone / name).symlink_to(ROOT / name)
+    code = "from memlm import load_pretrained; import memlm.cli; print(load_pretrained.__module__, memlm.cli.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["memlm.trainer.checkpoint.pretrained", str(ROOT / "memlm" / "cli.py")]
