@@ -266,9 +266,12 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from memlm.trainer.config import data_vocab
     from memlm.trainer.config.run_config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg, note = data_vocab.fit_to_data(load_config(args.config, args.overrides), args.config, args.overrides)
+    if note and os.environ.get("RANK", "0") == "0":
+        print(f"memlm train: {note}", file=sys.stderr, flush=True)
     from memlm.trainer.loop.train import run
 
     run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at,
