@@ -341,6 +341,13 @@ def _run_eval(args: argparse.Namespace) -> int:
                           lanes=args.lanes, json_path=args.json, data_dir=args.data)
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result: print it once
         print(json.dumps(result))
+        from memlm.trainer.config.run_config import load_config
+        from memlm.trainer.inference import uniform_guess
+
+        vocab_size = load_config(os.path.join(args.run_dir, "config.yaml")).model.vocab_size
+        note = uniform_guess.note(result, vocab_size)
+        if note:
+            print(f"memlm eval: {note}", file=sys.stderr)
     return 0
 
 

@@ -241,6 +241,14 @@ def test_user_mistakes_are_one_line(runs, tmp_path, capsys):
     assert "manifest.json" in _error_line(["eval", str(moved)], capsys)
 
 
+def test_a_perplexity_far_below_the_vocabulary_gets_no_note():
+    from memlm.trainer.inference import uniform_guess
+
+    result = {"split": "test", "ppl": 127.9, "step": 3000}
+    assert uniform_guess.note(result, 256) is None
+    assert "test ppl 128 is close to the 256" in uniform_guess.note({**result, "ppl": 128.0}, 256)
+
+
 def test_cli_process_exit_status(runs, tmp_path):
     """The real command: one stderr line and status 2 for a mistake."""
     proc = subprocess.run([sys.executable, "-m", "memlm", "eval", str(tmp_path)], cwd=ROOT, capture_output=True,
@@ -261,7 +269,11 @@ def test_cli_console_holds_memlm_lines_only(runs, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accelerator" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == json.loads((tmp_path / "e.json").read_text())
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == json.loads((tmp_path / "e.json").read_text())
+    # One Adam step on random tokens: a uniform guess over 256 bytes, and the console says so (issue 32)
+    assert result["ppl"] > 128 and f"memlm eval: valid ppl {result['ppl']:,.0f} is close to the 256 of a uniform " \
+        "guess over the vocabulary: the model at step 1 has not learned the data yet" in proc.stderr, proc.stderr
     if not torch.cuda.is_available():  # where DeepSpeed has a GPU to find, it has nothing to warn about
         assert "Setting accelerator to CPU" in (run / "library.log").read_text()
 
