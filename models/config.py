@@ -24,10 +24,13 @@ BPTT_CHOICES = {
     # The memory the replay of the window starts from: written by the previous step's replay (current weights, one
     # step old), or stored when the oldest window segment was new (weights k steps old).
     "bptt_start_memory": ("replayed", "stored"),
-    # The Transformer-XL cache the new segment reads: stored at the previous step, or recomputed by the replay.
+    # The Transformer-XL cache the new segment reads: the one the previous new segment left, or the one the replay
+    # just recomputed. Either way the window keeps, and replays with, the one from before the replay (the authors'
+    # prev_mems holds the previous new segment's output).
     "bptt_new_segment_cache": ("stored", "replayed"),
-    # The learned initial memory: trained from the first step, or always read detached (the authors' loop starts
-    # every replay from a detached copy of it).
+    # The learned initial memory: trained from the first step, or read detached. The authors' recipe detaches it
+    # for bptt_depth >= 1 only (their replay starts from a detached copy); at 0 their loop has no replay and its
+    # first batch reads the live parameter (`bptt_choice`).
     "memory_init_grad": ("trained", "detached"),
     # bptt_replay_loss's reduction: one mean over every scored token, or the sum of per-segment means (--bptt_bp).
     "bptt_replay_reduction": ("token_mean", "segment_sum"),
@@ -125,7 +128,11 @@ class ModelConfig:
 
     def bptt_choice(self, name: str) -> str:
         """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""
-        return getattr(self, name) or BPTT_CHOICES[name][BPTT_RECIPES.index(self.bptt_recipe)]
+        if getattr(self, name):
+            return getattr(self, name)
+        if name == "memory_init_grad" and self.bptt_recipe == "authors" and self.bptt_depth == 0:
+            return "trained"  # k = 0: the authors' loop skips the replay branch, the only place it detaches
+        return BPTT_CHOICES[name][BPTT_RECIPES.index(self.bptt_recipe)]
 
     @property
     def embed_dim(self) -> int:

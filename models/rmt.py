@@ -173,7 +173,7 @@ class RecurrentMemoryTransformer(Backbone):
             # This segment's loss would reach more than bptt_depth earlier segments: cut the graph here.
             tokens, transitions = tokens.detach(), 0
         fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
-        if self.cfg.bptt_choice("memory_init_grad") == "detached":  # the authors' loop: never trained
+        if self.cfg.bptt_choice("memory_init_grad") == "detached":  # the authors' loop at k >= 1: never trained
             memory_init = memory_init.detach()
         init = memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
         return torch.where(fresh[:, None, None], init, tokens.to(dtype)), transitions

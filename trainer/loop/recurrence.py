@@ -24,7 +24,9 @@ training loss and token counts mean the same thing in every schedule.
 
 Window detail: after the step, the window slides by one segment; the memory before its new oldest segment is the
 one this step's replay computed (current weights, cut from the graph). The cache a replayed segment reads is the
-one it read when it was new (the cache is stop-gradient, so nothing flows through it either way).
+one the new segment before it left (the cache is stop-gradient, so nothing flows through it either way): what the
+segment read when it was new under memlm's recipe; under `bptt_new_segment_cache: replayed` the new segment reads
+the replay's recomputed cache instead, and the window still keeps the one from before, as the authors' loop does.
 
 A skipped step (non-finite loss or gradient, trainer/loop/train.py) ends with `clear()`: every lane's memory emptied
 and RMT's replay window dropped, so nothing computed by the forward that went wrong is carried or replayed, and no
@@ -71,7 +73,7 @@ class Segment:
     tokens: Tensor  # [B, N]
     targets: Tensor  # [B, N], -100 = ignore
     reset: Tensor  # [B] bool: the lane started a new document here
-    cache: Any  # the Transformer-XL cache (TXLMemory) the segment read, detached
+    cache: Any  # the Transformer-XL cache (TXLMemory) the new segment before it left, detached: what a replay reads
 
 
 def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT | WindowBPTT":
@@ -227,8 +229,8 @@ class WindowBPTT(_Recurrence):
     Where the RMT authors' loop chooses otherwise (models/config.py BPTT_CHOICES, model.bptt_recipe): start_memory
     "stored" starts the replay from the oldest segment's stored memory instead of the replayed one;
     new_segment_cache "replayed" gives the new segment the cache the replay just recomputed instead of the stored
-    one; replay_reduction "segment_sum" sums the scored segments' mean NLLs instead of one mean over their tokens.
-    """
+    one (the window keeps the stored one for its replays); replay_reduction "segment_sum" sums the scored
+    segments' mean NLLs instead of one mean over their tokens. memory_init_grad is the model's (models/rmt.py)."""
 
     kind = "rmt-window"
 
@@ -263,7 +265,9 @@ class WindowBPTT(_Recurrence):
         new_nll = _nll_sum(out)
         parts.append((new_nll, new_count))
         scored.append(out)
-        self._next = (Segment(tokens, targets, reset, cache), new_count, out.memory,
+        # The window keeps the cache from before the replay, whichever one the new segment read: the authors'
+        # prev_mems entry is the previous new segment's output, and their replays read it.
+        self._next = (Segment(tokens, targets, reset, self.memory.cache), new_count, out.memory,
                       after_replay[0] if after_replay else out.memory)
         if self.replay_reduction == "segment_sum":
             nll_term = sum(seg_nll / max(seg_count, 1) for seg_nll, seg_count in parts)
