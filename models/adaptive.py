@@ -138,8 +138,8 @@ class AdaptiveLogSoftmax(nn.Module):
         """Logits over cluster i's own tokens from its projected hidden states [T, w_i] -> [T, size_i]."""
         lo, hi = self.bounds[i]
         if self.div_val == 1:  # one table: cluster i is a slice of it
-            return F.linear(projected, self.weights[0][lo:hi], self.bias[lo:hi])
-        return F.linear(projected, self.weights[i], self.bias[lo:hi])
+            return F.linear(projected, _rows(self.weights[0], lo, hi), _rows(self.bias, lo, hi))
+        return F.linear(projected, self.weights[i], _rows(self.bias, lo, hi))
 
     def _tail_input(self, hidden: Tensor, head_input: Tensor, i: int) -> Tensor:
         """With one table every cluster shares the head's projection: reuse it instead of recomputing."""
@@ -232,6 +232,12 @@ class AdaptiveLogSoftmax(nn.Module):
             tail = F.log_softmax(self._cluster_logits(self._tail_input(flat, head_input, i), i).float(), dim=-1)
             parts.append(head[:, self.shortlist + i - 1 : self.shortlist + i] + tail)
         return torch.cat(parts, dim=-1)
+
+
+def _rows(t: Tensor, lo: int, hi: int) -> Tensor:
+    """t[lo:hi], or t itself when that is all of it (one softmax over the whole vocabulary): a slice's backward
+    zero-fills a gradient of t's whole size and copies the slice's into it, a [V, D] write and copy per step."""
+    return t if lo == 0 and hi == t.shape[0] else t[lo:hi]
 
 
 @torch.compiler.disable

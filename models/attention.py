@@ -118,15 +118,18 @@ def attend(
         # cost Q*P (M^2, which dominates evaluation at M = 10N); taking each query's W position rows first costs
         # Q*K, like the content term.
         r_sel = r_k[pos_index]  # [Q, K, H, E]
-        position = torch.einsum("bqhe,qkhe->bhqk", q_pos, r_sel)
+        scores = content + torch.einsum("bqhe,qkhe->bhqk", q_pos, r_sel)
     else:
         pos_all = torch.einsum("bqhe,phe->bhqp", q_pos, r_k)  # [B, H, Q, P]
-        position = pos_all.gather(-1, pos_index.expand(B, H, Q, K))
-    # In place: neither product keeps its output for backward, and the mask's backward needs no input.
-    scores = content.add_(position)
+        # Summed into the gathered tensor, which is its own (gather's backward needs neither output): an in-place
+        # op on einsum's output, a view of its product, would cost autograd a copy of the whole [B, H, Q, K] scores
+        # and an as_strided gradient per op.
+        scores = pos_all.gather(-1, pos_index.expand(B, H, Q, K)).add_(content)
     if scores.dtype != torch.float32:
         scores = scores.float()
-    scores = scores.masked_fill_(~allowed[:, None], float("-inf"))
+    # The mask as an added 0 / -inf: the same scores (x + 0 = x, x - inf = -inf), and its backward passes the
+    # gradient through where masked_fill's writes a masked copy of it.
+    scores = scores.add_(mask_bias(allowed)[:, None])
     if need_lognorm:
         probs, lognorm = SoftmaxWithLogNorm.apply(scores)  # [B, H, Q, K], [B, H, Q]
     else:
@@ -136,6 +139,11 @@ def attend(
     probs = dropatt(probs.to(v.dtype))
     context = torch.einsum("bhqk,bkhe->bqhe", probs, v)
     return context, (lognorm.transpose(1, 2) if lognorm is not None else None)
+
+
+def mask_bias(allowed: Tensor) -> Tensor:
+    """[..., K] bool -> fp32 of its shape: 0 where allowed, -inf where not (added to the scores)."""
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 class RelativeAttention(nn.Module):
@@ -208,9 +216,14 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, h: Tensor) -> Tensor:
+        x = self.norm(h) if self.pre_lnorm else h
+        # On rows [B*T, D]: on a [B, T, D] input nn.Linear returns a view of its 2-D product, and the in-place ReLU
+        # on a view costs autograd a copy of the whole [B, T, d_inner] hidden and an as_strided gradient (zero-filled,
+        # then copied) per layer; on rows the product is a tensor of its own. The same products, the same values.
+        out = self.net(x.reshape(-1, x.shape[-1])).view(h.shape)
         if self.pre_lnorm:
-            return h + self.net(self.norm(h))
-        return self.norm(h + self.net(h))
+            return h + out
+        return self.norm(h + out)
 
 
 class RelativeLayer(nn.Module):
