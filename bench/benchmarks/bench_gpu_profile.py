@@ -37,6 +37,8 @@ import torch
 ROOT = Path.cwd() if (Path.cwd() / "memlm").is_dir() else Path(__file__).resolve().parents[2]  # run from the checkout
 sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import stop_in_one_line  # noqa: E402
+
 SHAPES = {"paper": dict(d_model=410, n_head=10, d_head=41, d_inner=2100),
           "aligned": dict(d_model=512, n_head=8, d_head=64, d_inner=2048),
           "tiny": dict(d_model=32, n_head=2, d_head=16, d_inner=64)}
@@ -436,4 +438,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143

@@ -27,6 +27,7 @@ from torch import nn
 ROOT = Path.cwd() if (Path.cwd() / "memlm").is_dir() else Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import stop_in_one_line  # noqa: E402
 from memlm.models import attention_triton  # noqa: E402
 from memlm.models.attention import attend, causal_allowed, causal_index  # noqa: E402
 from memlm.models.lamemo import lookahead_layout  # noqa: E402
@@ -218,4 +219,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(stop_in_one_line(main))  # Ctrl-C or SIGTERM: one line, exit 130 or 143
