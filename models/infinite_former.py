@@ -9,22 +9,33 @@ The long-term memory of layer l is a signal x(t) = C^T psi(t) over t in [0, 1]: 
 Gaussian radial basis functions psi_j(t) = N(t; c_j, w_j^2), J / len(ltm_widths) centres evenly on [0, 1] for
 each width in ltm_widths (the authors' basis).
 
-**Update** (after each segment; the paper's "unbounded memory"). The N rows leaving [short-term memory | segment]
-(the layer inputs of its oldest N positions, as the Compressive Transformer's evicted rows) are new points at
-t = tau + (1 - tau) i / N, i = 1..N. The old signal is sampled at S points s_i and contracted into
-t = tau i / S. The samples are s_i = i / S (the authors'), or with sticky memories (`ltm_sticky`) the
-(i - 1/2) / S quantiles of the histogram (G bins on [0, 1]) of the mass the segment's attention densities put on
-each bin, summed over queries and heads: the old signal is kept where attention went. The paper draws these
-samples at random; here each is the median of its 1/S of the mass, so evaluation is deterministic and a resumed
-run is exact. The coefficients are the ridge
-regression (penalty ltm_ridge) over the T points plus P = ceil(T / 2) zero-valued points on each side of
-[0, 1], evenly in [-1/2, 0) and (1, 3/2] (the authors' padding: it keeps the fit from blowing up at the edges):
+**Update** (after each segment; the paper's "unbounded memory", as the authors' code computes it:
+deep-spin/infinite-former, sorting/long_term_attention.py). The N rows leaving [short-term memory | segment] (the
+layer inputs of its oldest N positions, as the Compressive Transformer's evicted rows) are the new points.
 
-    C = (F F^T + lambda I)^-1 F_real X     F [J, 2P + T]: the basis at every point; X [T, D]: the real points
+* No signal yet (a document start, or no row of the document has left the short-term memory): the authors fit the
+  rows alone over [0, 1] (their Gs[n]): n rows at the midpoints (i + 1/2) / n, i = 0..n-1, and floor(n / 2)
+  zero-valued padding points continuing that grid on each side of [0, 1]. n is N, except for the first block
+  after a document start when M is not a multiple of N: that block's newest n = N - (M mod N) rows are the
+  document's (their code cannot run this case: its fits exist only for multiples of the segment; memlm fits those
+  n rows alone, as their Gs[n] would).
+* Otherwise (their G_inf): the new rows at t = tau + (1 - tau) i / N, i = 1..N; the old signal sampled at S
+  points s_i and contracted into t = tau i / S; zero-valued padding points: those of the grid
+  linspace(-1/2 + shift, 3/2 - shift, 2T) below 0 and above 1 (floor(T / 2) on each side), with the authors'
+  shift = 1 / (2N + S) (not 1 / (2T): theirs, kept). Their odd-N branch never builds its grid and fails; every
+  N takes this one. The samples are s_i = i / S (the authors'), or with sticky memories (`ltm_sticky`) the
+  (i - 1/2) / S quantiles of the histogram (G bins on [0, 1]) of the mass the segment's attention densities put
+  on each bin, summed over queries and heads: the old signal is kept where attention went. The paper draws these
+  samples at random; here each is the median of its 1/S of the mass, so evaluation is deterministic and a
+  resumed run is exact.
 
-A document start zeroes the coefficients, and an evicted row of no current document (the memory's empty slots)
-enters as zeros. A lane whose long-term memory is empty has zero keys and values, so its long-term output is
-exactly 0: nothing of another document can reach it.
+Both are ridge regressions (penalty ltm_ridge) over the real points X and the padding:
+
+    C = (F F^T + lambda I)^-1 F_real X     F [J, points]: the basis at every point, padding included
+
+The maps from X to C are computed once per (N, M) in float64 (`SignalFit`). A document start zeroes the
+coefficients; an empty signal is zero coefficients. A lane whose long-term memory is empty has zero keys and
+values, so its long-term output is exactly 0: nothing of another document can reach it.
 
 **Attention** (the paper's continuous attention). The queries are the layer's own Transformer-XL queries
 q [B, N, H, E]: the authors' code passes those in (it builds a query projection of its own but never uses it).
@@ -85,30 +96,56 @@ def gaussian(t: Tensor, centre: Tensor, width: Tensor) -> Tensor:
     return torch.exp(-0.5 * ((t - centre) / width) ** 2) / (width * math.sqrt(2 * math.pi))
 
 
-def fit_points(n_new: int, cfg) -> tuple[Tensor, Tensor]:
-    """(real points [T]: S old then n_new new, padding points [2P]) on the t axis, float64."""
+def first_fit_points(n: int) -> tuple[Tensor, Tensor]:
+    """(real points [n], padding points [2 floor(n / 2)]) of a fit with no past signal, float64: the grid of
+    spacing 1 / n through the midpoints (i + 1/2) / n, floor(n / 2) points past each end of [0, 1] (the authors'
+    linspace of 2n points from -1/2 + 1/(2n), or 2n - 1 from -1/2 + 1/n for odd n, is this grid)."""
+    pad = n // 2
+    grid = (torch.arange(-pad, n + pad, dtype=torch.float64) + 0.5) / n
+    return grid[pad : pad + n], torch.cat([grid[:pad], grid[pad + n :]])
+
+
+def update_points(n_new: int, cfg) -> tuple[Tensor, Tensor]:
+    """(real points [T]: S old then n_new new, padding points) of a fit with a past signal, float64."""
     S, tau = cfg.ltm_samples, cfg.ltm_tau
     old = tau * torch.arange(1, S + 1, dtype=torch.float64) / S
     new = tau + (1 - tau) * torch.arange(1, n_new + 1, dtype=torch.float64) / n_new
-    P = math.ceil((S + n_new) / 2)
-    offsets = 0.5 * (torch.arange(1, P + 1, dtype=torch.float64) - 0.5) / P
-    return torch.cat([old, new]), torch.cat([-offsets.flip(0), 1 + offsets])
+    shift = 1 / (2 * n_new + S)  # the authors' (their grid has 2T points, but this is its shift)
+    grid = torch.linspace(-0.5 + shift, 1.5 - shift, 2 * (S + n_new), dtype=torch.float64)
+    return torch.cat([old, new]), grid[(grid < 0) | (grid > 1)]
 
 
 class SignalFit:
-    """What one update needs for a segment of n_new rows, computed once: the ridge regression's map from the T
-    real points' values to the coefficients, W = (F F^T + lambda I)^-1 F_real [J, T], and the basis at the uniform
-    samples s_i = i / S, [S, J]."""
+    """What one update needs for segments of n_new rows and a short-term memory of mem_len, computed once in
+    float64 and kept in the model's dtype. Each map takes the T = S + n_new points' values (S old samples, then
+    the new rows) to the coefficients, [J, T]: `solve` with a past signal, (F F^T + lambda I)^-1 F_real;
+    `first` and `first_partial` with none, the new rows fit alone (zero columns for the old samples and for the
+    rows not of the document): all n_new rows, or the newest n_new - (mem_len mod n_new) (the first block after a
+    document start when mem_len is not a multiple of n_new). Also the basis at the uniform samples s_i = i / S
+    [S, J], and the centres and widths [J] (float64) the sticky samples are evaluated at."""
 
-    def __init__(self, cfg, n_new: int, device, dtype):
+    def __init__(self, cfg, n_new: int, mem_len: int, device, dtype):
         centres, widths = basis_functions(cfg)
-        real, padding = fit_points(n_new, cfg)
         basis_at = lambda t: gaussian(t[None, :], centres[:, None], widths[:, None])  # noqa: E731  [J, len(t)]
-        every = basis_at(torch.cat([real, padding]))
-        gram = every @ every.T + cfg.ltm_ridge * torch.eye(len(centres), dtype=torch.float64)
-        self.solve = torch.linalg.solve(gram, basis_at(real)).to(device, dtype)  # [J, T]
-        samples = torch.arange(1, cfg.ltm_samples + 1, dtype=torch.float64) / cfg.ltm_samples
+        eye = cfg.ltm_ridge * torch.eye(len(centres), dtype=torch.float64)
+
+        def ridge(real: Tensor, padding: Tensor) -> Tensor:  # [J, len(real)]
+            every = basis_at(torch.cat([real, padding]))
+            return torch.linalg.solve(every @ every.T + eye, basis_at(real))
+
+        S = cfg.ltm_samples
+        self.solve = ridge(*update_points(n_new, cfg)).to(device, dtype)
+
+        def alone(n: int) -> Tensor:  # [J, T]: the newest n of the new rows fit alone
+            fit = torch.zeros(len(centres), S + n_new, dtype=torch.float64)
+            fit[:, S + n_new - n :] = ridge(*first_fit_points(n))
+            return fit.to(device, dtype)
+
+        self.first = alone(n_new)
+        self.first_partial = alone(n_new - mem_len % n_new) if mem_len % n_new else self.first
+        samples = torch.arange(1, S + 1, dtype=torch.float64) / S
         self.uniform_basis = basis_at(samples).T.contiguous().to(device, dtype)  # [S, J]
+        self.centres, self.widths = centres.to(device), widths.to(device)
 
 
 class LongTermAttention(nn.Module):
@@ -126,10 +163,18 @@ class LongTermAttention(nn.Module):
         for linear in (self.key, self.value, self.out, self.mu, self.sigma):
             nn.init.normal_(linear.weight, 0.0, cfg.init_std)
         self.drop = nn.Dropout(cfg.dropout)
-        centres, widths = basis_functions(cfg)
-        # Derived from the config, never saved: the state dict does not depend on them.
-        self.register_buffer("centres", centres.float(), persistent=False)
-        self.register_buffer("widths_sq", widths.float() ** 2, persistent=False)
+        self.cfg = cfg
+        # Derived from the config, never saved (the state dict does not depend on them): per (device, dtype)
+        self._basis: dict[tuple[str, torch.dtype], tuple[Tensor, Tensor]] = {}
+
+    def basis(self, device) -> tuple[Tensor, Tensor]:
+        """Centres and squared widths [J] in the model's dtype (its parameters'), cast once from the exact float64
+        values: float32 buffers cost a float64 model 1e-9 on the output."""
+        key = (str(device), self.mu.weight.dtype)
+        if key not in self._basis:
+            centres, widths = basis_functions(self.cfg)
+            self._basis[key] = (centres.to(device, key[1]), (widths**2).to(device, key[1]))
+        return self._basis[key]
 
     def forward(
         self,
@@ -144,8 +189,9 @@ class LongTermAttention(nn.Module):
         scores = torch.einsum("bqhe,bjhe->bhqj", q, keys) / math.sqrt(E)  # [B, H, Q, J]
         mu = torch.sigmoid(self.mu(scores).squeeze(-1))  # [B, H, Q]
         sigma_sq = F.softplus(self.sigma(scores).squeeze(-1)).clamp(min=SIGMA_SQ_FLOOR)
-        variance = sigma_sq[..., None] + self.widths_sq  # [B, H, Q, J]
-        expected_basis = torch.exp(-0.5 * (mu[..., None] - self.centres) ** 2 / variance) \
+        centres, widths_sq = self.basis(q.device)
+        variance = sigma_sq[..., None] + widths_sq  # [B, H, Q, J]
+        expected_basis = torch.exp(-0.5 * (mu[..., None] - centres) ** 2 / variance) \
             / torch.sqrt(2 * math.pi * variance)  # E_{N(mu, sigma^2)}[psi_j(t)]
         context = torch.einsum("bhqj,bjhe->bqhe", expected_basis.to(values.dtype), values)
         return self.drop(self.out(context.reshape(B, Q, H * E))), mu, sigma_sq
@@ -173,20 +219,22 @@ class InfiniteFormer(Backbone):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.long_term = nn.ModuleList(LongTermAttention(cfg) for _ in range(cfg.n_layer))
-        self._fits: dict[tuple, SignalFit] = {}  # per (rows per update, device, dtype); derived, never saved
+        self._fits: dict[tuple, SignalFit] = {}  # per (rows per update, M, device, dtype); derived, never saved
 
     def signal_fit(self, n_new: int, device, dtype) -> SignalFit:
-        key = (n_new, str(device), dtype)
+        key = (n_new, self.cfg.mem_len, str(device), dtype)
         if key not in self._fits:
-            self._fits[key] = SignalFit(self.cfg, n_new, device, dtype)
+            self._fits[key] = SignalFit(self.cfg, n_new, self.cfg.mem_len, device, dtype)
         return self._fits[key]
 
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> InfiniteFormerMemory:
         cfg = self.cfg
-        # The training segment's fit, made before the first forward: a compiled forward guards on this cache's
-        # keys, and a key it first saw missing would recompile the whole forward at the second segment.
+        # The training segment's fit and the attention's basis, made before the first forward: a compiled forward
+        # guards on these caches' keys, and a key it first saw missing would recompile it at the second segment.
         self.signal_fit(cfg.tgt_len, device, dtype)
+        for long_term in self.long_term:
+            long_term.basis(device)
         zeros = lambda rows: [torch.zeros(batch_size, rows, cfg.d_model, device=device, dtype=dtype)  # noqa: E731
                               for _ in range(cfg.n_layer)]
         return InfiniteFormerMemory(hidden=zeros(cfg.mem_len),
@@ -233,7 +281,7 @@ class InfiniteFormer(Backbone):
                 self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), kernel_mask,
                 self.record_to("causal", l))
             new_coefficients.append(cut(self.update_signal(fit, coefficients, rows[:, :N] * leaving_valid[..., None],
-                                                           mu, sigma_sq)))
+                                                           leaving_valid, mu, sigma_sq)))
             h = h_out
 
         nll, logits = self.predict(h, targets, return_logits, tail_plan)
@@ -258,20 +306,27 @@ class InfiniteFormer(Backbone):
         recalled, mu, sigma_sq = long_term(q, coefficients)
         return layer.finish(h, context, extra=recalled), mu, sigma_sq
 
-    def update_signal(self, fit: SignalFit, coefficients: Tensor, new_rows: Tensor, mu: Tensor,
+    def update_signal(self, fit: SignalFit, coefficients: Tensor, new_rows: Tensor, new_valid: Tensor, mu: Tensor,
                       sigma_sq: Tensor) -> Tensor:
-        """The next coefficients [B, J, D]: the old signal sampled at S points and contracted into [0, tau], the
-        new rows [B, N, D] (zeros where empty) on [tau, 1], refitted (the module docstring's "Update")."""
+        """The next coefficients [B, J, D] from the new rows [B, N, D] (zeros where not of the document, new_valid
+        [B, N]): fit alone where the lane has no signal yet, else with the old signal sampled at S points and
+        contracted into [0, tau] (the module docstring's "Update")."""
         with torch.no_grad():
             if self.cfg.ltm_sticky:
                 at = sticky_samples(mu, sigma_sq, self.cfg.ltm_samples, self.cfg.ltm_sticky_bins)  # [B, S]
-                centres, widths = basis_functions(self.cfg)
-                sample_basis = gaussian(at[..., None], centres.to(at.device), widths.to(at.device))  # [B, S, J]
+                sample_basis = gaussian(at[..., None], fit.centres, fit.widths)  # [B, S, J]
                 old = torch.einsum("bsj,bjd->bsd", sample_basis.to(coefficients.dtype), coefficients)
             else:
                 old = torch.einsum("sj,bjd->bsd", fit.uniform_basis, coefficients)  # [B, S, D]
             points = torch.cat([old, new_rows.to(coefficients.dtype)], dim=1)  # [B, T, D]
-            return torch.einsum("jt,btd->bjd", fit.solve, points)
+            # No signal is zero coefficients (a reset zeroes them; a fit of real rows never is): read on the
+            # device, per lane, so the choice needs no host sync. A lane's first block is whole or its newest
+            # N - (M mod N) rows (the document's rows enter in order).
+            empty = coefficients.flatten(1).abs().amax(1) == 0  # [B]
+            whole = new_valid.all(1)  # [B]
+            first = torch.where(whole[:, None, None], fit.first, fit.first_partial)  # [B, J, T]
+            solve = torch.where(empty[:, None, None], first, fit.solve)
+            return torch.einsum("bjt,btd->bjd", solve, points)
 
 
 # ---------------------------------------------------------------------------------------------------------------

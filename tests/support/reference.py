@@ -50,19 +50,25 @@ def clamped(d: int, clamp_len: int) -> int:
 
 
 class Weights:
-    """The model's parameters as float64 tensors, and the per-layer linear maps of the papers."""
+    """The model's parameters as float64 tensors, and the per-layer linear maps of the papers. With grad=True (a
+    float64 model) the tensors are the parameters themselves, so a reference's loss backpropagates into them."""
 
-    def __init__(self, model):
+    def __init__(self, model, grad: bool = False):
+        self.grad = grad
         cfg = self.cfg = model.cfg
         assert not cfg.cutoffs and cfg.embed_dim == cfg.d_model, "references cover the plain softmax"
         self.H, self.E, self.D = cfg.n_head, cfg.d_head, cfg.d_model
-        self.table = model.embed.tables[0].weight.detach().double()
-        self.out_w = model.head.weights[0].detach().double()  # tied to the table by default
-        self.out_b = model.head.bias.detach().double()
+        self.table = self.p(model.embed.tables[0].weight)
+        self.out_w = self.p(model.head.weights[0])  # tied to the table by default
+        self.out_b = self.p(model.head.bias)
         self.final_norm = model.final_norm if cfg.pre_lnorm else None
         self.layers = model.layers
-        self.learned = {n: p.detach().double() for n, p in model.learned.named_parameters()}
+        self.learned = {n: self.p(p) for n, p in model.learned.named_parameters()}
         self._pos: dict[tuple[int, int], torch.Tensor] = {}
+
+    def p(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A parameter as float64: detached, or itself with grad=True."""
+        return tensor.double() if self.grad else tensor.detach().double()
 
     def bias(self, name: str, l: int) -> torch.Tensor:
         b = self.learned[name]
@@ -72,22 +78,21 @@ class Weights:
         """Token embedding scaled by sqrt(D), as Transformer-XL scales its input embeddings."""
         return self.table[token] * math.sqrt(self.D)
 
-    @staticmethod
-    def _ln(norm, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape, norm.weight.detach().double(), norm.bias.detach().double(), norm.eps)
+    def _ln(self, norm, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape, self.p(norm.weight), self.p(norm.bias), norm.eps)
 
     def qkv(self, l: int, x: torch.Tensor):
         """Layer input x [D] -> q, k, v [H, E] (pre-LN normalises what they are projected from)."""
         layer = self.layers[l]
         a = self._ln(layer.attn_norm, x) if layer.pre_lnorm else x
-        q = layer.attn.q_net.weight.detach().double() @ a
-        k, v = (layer.attn.kv_net.weight.detach().double() @ a).view(2, -1)
+        q = self.p(layer.attn.q_net.weight) @ a
+        k, v = (self.p(layer.attn.kv_net.weight) @ a).view(2, -1)
         return q.view(self.H, self.E), k.view(self.H, self.E), v.view(self.H, self.E)
 
     def pos(self, l: int, d: int) -> torch.Tensor:
         """W_R R(d) [H, E] for an already clamped distance d."""
         if (l, d) not in self._pos:
-            w = self.layers[l].attn.r_net.weight.detach().double()
+            w = self.p(self.layers[l].attn.r_net.weight)
             self._pos[(l, d)] = (w @ sinusoid_vec(d, self.D)).view(self.H, self.E)
         return self._pos[(l, d)]
 
@@ -99,7 +104,7 @@ class Weights:
         """Output projection, residual and LayerNorm around the attention, then the FFN: x [D], context [H, E];
         extra [D] is added to the attention's output (the ∞-former's long-term read)."""
         layer = self.layers[l]
-        out = x + layer.attn.o_net.weight.detach().double() @ context.reshape(-1)
+        out = x + self.p(layer.attn.o_net.weight) @ context.reshape(-1)
         if extra is not None:
             out = out + extra
         if not layer.pre_lnorm:
@@ -107,8 +112,8 @@ class Weights:
         lin1, lin2 = layer.ff.net[0], layer.ff.net[3]
 
         def ffn(y):
-            hidden = torch.relu(lin1.weight.detach().double() @ y + lin1.bias.detach().double())
-            return lin2.weight.detach().double() @ hidden + lin2.bias.detach().double()
+            hidden = torch.relu(self.p(lin1.weight) @ y + self.p(lin1.bias))
+            return self.p(lin2.weight) @ hidden + self.p(lin2.bias)
 
         if layer.pre_lnorm:
             return out + ffn(self._ln(layer.ff.norm, out))
@@ -116,12 +121,16 @@ class Weights:
 
     def nll(self, h: torch.Tensor, target: int) -> float:
         """-log p(target) through the (tied) softmax over the final hidden state; 0 for the ignore index."""
+        return float(self.loss(h, target))
+
+    def loss(self, h: torch.Tensor, target: int) -> torch.Tensor:
+        """nll as a float64 tensor (in the graph with grad=True)."""
         if target == -100:
-            return 0.0
+            return torch.zeros((), dtype=torch.float64)
         if self.final_norm is not None:
             h = self._ln(self.final_norm, h)
         logits = self.out_w @ h + self.out_b
-        return float(-torch.log_softmax(logits, dim=0)[target])
+        return -torch.log_softmax(logits, dim=0)[target]
 
 
 def softmax_over(scores: list[torch.Tensor], values: list[torch.Tensor]):
@@ -492,107 +501,6 @@ def compressive_reference(model, tokens: list[int], targets: list[int], seg_len:
             slots[l] += made
             h = new_h
         results.append(CompressiveSegment(nll=[W.nll(h[i], targets[i]) for i in cur], reconstruction=error))
-    return results
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# ∞-former (Martins et al., 2022; not among ../shared/papers: the rules below are the paper's sections 3.1-3.4 as
-# models/infinite_former.py's docstring states them, with the authors' basis and padding)
-
-
-def normal_pdf(x: float, mean: float, var: float) -> float:
-    return math.exp(-((x - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
-
-
-def normal_cdf(x: float, mean: float, var: float) -> float:
-    return 0.5 * (1 + math.erf((x - mean) / math.sqrt(2 * var)))
-
-
-def infinite_former_reference(model, tokens: list[int], targets: list[int], seg_len: int,
-                              doc_starts) -> list[list[float]]:
-    """Per segment s of one lane, the per-token NLL. Every layer attends over the short-term memory (Transformer-XL:
-    positions [s - M, s) and the causal past, of the current document) and adds its long-term read: per head,
-    the density N(mu, sigma^2) from the query's scores against the keys of the J coefficients, and the values
-    weighted by the integral of N(t; mu, sigma^2) psi_j(t) (the product of two Gaussians integrates to a Gaussian
-    in their means with the variances summed). After the segment, per layer: the old signal at the S sample
-    points (i / S, or the (i - 1/2) / S quantiles of the segment's attention histogram), the evicted positions
-    [s - M, s - M + N) (zero when not of the document), their positions on t, the padding points at zero, and the
-    ridge regression's normal equations summed point by point. A document start empties the signal."""
-    W, cfg = Weights(model), model.cfg
-    N, M, L, D, J, S = seg_len, cfg.mem_len, cfg.n_layer, cfg.d_model, cfg.ltm_basis, cfg.ltm_samples
-    tau, G = cfg.ltm_tau, cfg.ltm_sticky_bins
-    n_centres = J // len(cfg.ltm_widths)
-    basis = [(c / (n_centres - 1) if n_centres > 1 else 0.0, w) for c in range(n_centres) for w in cfg.ltm_widths]
-
-    def psi(t: float) -> torch.Tensor:
-        return torch.tensor([normal_pdf(t, c, w * w) for c, w in basis], dtype=torch.float64)
-
-    layer_in: list[dict[int, torch.Tensor]] = [{} for _ in range(L)]
-    signal = [torch.zeros(J, D, dtype=torch.float64) for _ in range(L)]
-    results = []
-    for s in range(0, len(tokens), N):
-        cur = range(s, s + N)
-        doc = doc_start_of(s, doc_starts)
-        if s == doc:
-            signal = [torch.zeros(J, D, dtype=torch.float64) for _ in range(L)]
-        h = {i: W.embed(tokens[i]) for i in cur}
-        for l in range(L):
-            lt = model.long_term[l]
-            wk, wv, wo = (x.weight.detach().double() for x in (lt.key, lt.value, lt.out))
-            w_mu, w_sigma = lt.mu.weight.detach().double()[0], lt.sigma.weight.detach().double()[0]
-            keys = [(wk @ signal[l][j]).view(W.H, W.E) for j in range(J)]
-            values = [(wv @ signal[l][j]).view(W.H, W.E) for j in range(J)]
-            for i in cur:
-                layer_in[l][i] = h[i]
-            u, v = W.bias("bias_u", l), W.bias("bias_v", l)
-            new_h, densities = {}, []
-            for i in cur:
-                q = W.qkv(l, h[i])[0]
-                scores, vals = [], []
-                for j in range(max(doc, s - M), i + 1):
-                    _, k, val = W.qkv(l, layer_in[l][j])
-                    scores.append(W.score(l, q, k, u, v, clamped(i - j, cfg.clamp_len)))
-                    vals.append(val)
-                ctx, _ = softmax_over(scores, vals)
-                read = torch.zeros(W.H, W.E, dtype=torch.float64)
-                for hd in range(W.H):
-                    z = [float(q[hd] @ keys[j][hd]) / math.sqrt(W.E) for j in range(J)]
-                    mu = 1 / (1 + math.exp(-sum(w_mu[j] * z[j] for j in range(J))))
-                    sigma_sq = max(math.log1p(math.exp(sum(w_sigma[j] * z[j] for j in range(J)))), 1e-6)
-                    densities.append((mu, sigma_sq))
-                    for j, (c, w) in enumerate(basis):
-                        read[hd] += normal_pdf(mu, c, sigma_sq + w * w) * values[j][hd]
-                new_h[i] = W.finish(l, h[i], ctx, extra=wo @ read.reshape(-1))
-            # the update
-            if cfg.ltm_sticky:
-                mass = [sum(normal_cdf((g + 1) / G, mu, var) - normal_cdf(g / G, mu, var) for mu, var in densities)
-                        for g in range(G)]
-                total = sum(mass)
-                at, cumulative = [], [sum(mass[: g + 1]) / total for g in range(G)]
-                for k in range(1, S + 1):
-                    quantile = (k - 0.5) / S
-                    g = next((g for g in range(G) if cumulative[g] >= quantile), G - 1)
-                    below = cumulative[g] - mass[g] / total
-                    at.append((g + min(max((quantile - below) / (mass[g] / total), 0.0), 1.0)) / G)
-            else:
-                at = [k / S for k in range(1, S + 1)]
-            points = [(tau * k / S, psi(a) @ signal[l]) for k, a in enumerate(at, start=1)]
-            for n, p in enumerate(range(s - M, s - M + N), start=1):
-                row = layer_in[l][p] if p >= doc and p >= 0 else torch.zeros(D, dtype=torch.float64)
-                points.append((tau + (1 - tau) * n / N, row))
-            n_pad = math.ceil(len(points) / 2)
-            for k in range(1, n_pad + 1):
-                for t in (-0.5 * (k - 0.5) / n_pad, 1 + 0.5 * (k - 0.5) / n_pad):
-                    points.append((t, torch.zeros(D, dtype=torch.float64)))
-            lhs = cfg.ltm_ridge * torch.eye(J, dtype=torch.float64)
-            rhs = torch.zeros(J, D, dtype=torch.float64)
-            for t, y in points:
-                f = psi(t)
-                lhs += torch.outer(f, f)
-                rhs += torch.outer(f, y)
-            signal[l] = torch.linalg.solve(lhs, rhs)
-            h = new_h
-        results.append([W.nll(h[i], targets[i]) for i in cur])
     return results
 
 
