@@ -195,75 +195,8 @@ class ModelConfig:
                     owners = " or ".join(repr(a.name) for a in ARCHITECTURES.values() if name in a.options)
                     raise ConfigError(f"model.{name} only applies to arch {owners} (arch is {self.arch!r}); "
                                       "remove it")
-        if self.arch == "compressive":
-            self._validate_compression()
-        if self.arch == "infinite_former":
-            self._validate_long_term_memory()
-        if self.rpe not in RPE_KINDS:
-            raise ConfigError(f"model.rpe: unknown value {self.rpe!r}; valid: {', '.join(RPE_KINDS)}")
-        if self.interp_eps < 0:
-            raise ConfigError(f"model.interp_eps must be >= 0, got {self.interp_eps}")
-        if spec.recurrence == "memory_bptt":  # memory tokens, trained by BPTT through the memory (RMT, ARMT)
-            if self.num_mem_tokens < 1:
-                raise ConfigError(f"model.num_mem_tokens must be >= 1 for arch {self.arch!r} (the RMT paper uses "
-                                  "1-25, the ARMT paper 10)")
-            if self.bptt_depth < 0:
-                raise ConfigError(f"model.bptt_depth must be >= 0, got {self.bptt_depth}")
-            if self.bptt_mode not in BPTT_MODES:
-                raise ConfigError(f"model.bptt_mode: unknown value {self.bptt_mode!r}; valid: {', '.join(BPTT_MODES)} "
-                                  "(window replays the last bptt_depth segments as the RMT paper trains; chunk is "
-                                  "truncated BPTT over bptt_depth + 1 new segments)")
-            if self.bptt_replay_loss and self.bptt_mode != "window":
-                raise ConfigError("model.bptt_replay_loss only applies to model.bptt_mode=window; remove it")
-        if self.arch == "armt" and self.assoc_dim < 1:
-            raise ConfigError("model.assoc_dim must be >= 1 for arch 'armt' (the associative keys' width before "
-                              "the DPFP feature map; the ARMT paper uses 64)")
-        if self.assoc_value_init_std < 0:
-            raise ConfigError(f"model.assoc_value_init_std must be >= 0, got {self.assoc_value_init_std}")
-        if self.arch == "rmt":
-            if self.aux_loss_weight < 0:
-                raise ConfigError(f"model.aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
-            if not 0 <= self.aux_token_id < self.vocab_size:
-                raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={self.vocab_size}), "
-                                  f"got {self.aux_token_id}")
-            if self.bptt_recipe not in BPTT_RECIPES:
-                raise ConfigError(f"model.bptt_recipe: unknown value {self.bptt_recipe!r}; valid: "
-                                  f"{', '.join(BPTT_RECIPES)}")
-            for name, values in BPTT_CHOICES.items():
-                if getattr(self, name) not in ("", *values):
-                    raise ConfigError(f"model.{name}: unknown value {getattr(self, name)!r}; valid: "
-                                      f"{', '.join(values)} (or leave it empty for model.bptt_recipe's)")
-
-    def _validate_compression(self) -> None:
-        if self.compressed_len < 1:
-            raise ConfigError("model.compressed_len must be >= 1 for arch 'compressive' (the compressed memory's "
-                              "slots per layer; LaMemo's Table 1 uses 150)")
-        if self.compression_rate < 1 or self.tgt_len % self.compression_rate:
-            raise ConfigError(f"model.compression_rate must be >= 1 and divide model.tgt_len={self.tgt_len} (the "
-                              "segment's evicted rows compress into tgt_len / rate slots), got "
-                              f"{self.compression_rate}")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(f"model.compression: unknown function {self.compression!r}; valid: "
-                              f"{', '.join(COMPRESSIONS)}")
-        if self.compression_loss_weight < 0:
-            raise ConfigError(f"model.compression_loss_weight must be >= 0, got {self.compression_loss_weight}")
-
-    def _validate_long_term_memory(self) -> None:
-        widths = list(self.ltm_widths)
-        if not widths or any(not w > 0 for w in widths):
-            raise ConfigError(f"model.ltm_widths must be a non-empty list of positive widths, got {widths}")
-        if self.ltm_basis < 1 or self.ltm_basis % len(widths):
-            raise ConfigError(f"model.ltm_basis must be >= 1 and a multiple of len(model.ltm_widths)={len(widths)} "
-                              f"for arch 'infinite_former' (LaMemo's Table 1 uses 150), got {self.ltm_basis}")
-        if self.ltm_samples < 1:
-            raise ConfigError(f"model.ltm_samples must be >= 1, got {self.ltm_samples}")
-        if not 0 < self.ltm_tau < 1:
-            raise ConfigError(f"model.ltm_tau must be in (0, 1) (the part of [0, 1] the old signal is contracted "
-                              f"into), got {self.ltm_tau}")
-        if not self.ltm_ridge > 0:
-            raise ConfigError(f"model.ltm_ridge must be > 0 (the ridge penalty), got {self.ltm_ridge}")
-        if self.ltm_sticky_bins < 1:
-            raise ConfigError(f"model.ltm_sticky_bins must be >= 1, got {self.ltm_sticky_bins}")
+        if spec.checks:  # the arch's own, its registry entry's (models/arch_checks.py)
+            spec.load("checks")(self)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -39,6 +39,9 @@ class ArchSpec:
     # The trainer's schedule (trainer/loop/recurrence.py): "segment" (one segment per micro-batch, memory detached
     # between them) or "memory_bptt" (RMT: gradients through the memory over model.bptt_depth segments)
     recurrence: str = "segment"
+    # "module:function"(cfg) raising ConfigError: the arch's own config checks, after the shared ones (torch-free;
+    # models/arch_checks.py): its options' values, and the combinations it would run only by a rule of its own
+    checks: str = ""
 
     def load(self, what: str) -> Any:
         """The object one of this entry's "module:attribute" fields names."""
@@ -61,20 +64,22 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              model="memlm.models.lamemo:LaMemo", mem_len="positive",
              options=("lookahead", "interpolate", "rpe", "interp_eps"),
              layer_flops="memlm.models.flops:lamemo_layers", extra_params="memlm.models.flops:lamemo_params",
-             decoder="memlm.models.decoders:LaMemoDecoder"),
+             decoder="memlm.models.decoders:LaMemoDecoder", checks="memlm.models.arch_checks:lamemo"),
     ArchSpec("rmt", "Recurrent Memory Transformer (Bulatov et al., 2022): memory tokens read and written per "
              "segment, optionally with the Transformer-XL cache",
              model="memlm.models.rmt:RecurrentMemoryTransformer", options=RMT_OPTIONS,
              layer_flops="memlm.models.flops:rmt_layers", extra_params="memlm.models.flops:rmt_params",
              memory_tokens="num_mem_tokens", recurrence="memory_bptt",
-             decoder="memlm.models.decoders:RMTDecoder", test_settings=(("num_mem_tokens", 2),)),
+             decoder="memlm.models.decoders:RMTDecoder", test_settings=(("num_mem_tokens", 2),),
+             checks="memlm.models.arch_checks:rmt"),
     ArchSpec("compressive", "Compressive Transformer (Rae et al., 2020): Transformer-XL's memory plus C slots of "
              "evicted rows compressed at rate c, trained by attention reconstruction",
              model="memlm.models.compressive:CompressiveTransformer",
              options=("compressed_len", "compression_rate", "compression", "compression_loss_weight"),
              layer_flops="memlm.models.compressive:layer_flops", extra_params="memlm.models.compressive:extra_params",
              decoder="memlm.models.compressive:CompressiveDecoder",
-             test_settings=(("compressed_len", 4), ("compression_rate", 2))),
+             test_settings=(("compressed_len", 4), ("compression_rate", 2)),
+             checks="memlm.models.arch_checks:compressive"),
     ArchSpec("infinite_former", "∞-former (Martins et al., 2022): Transformer-XL's memory plus an unbounded "
              "long-term memory, a continuous signal over J basis functions read by continuous attention",
              model="memlm.models.infinite_former:InfiniteFormer",
@@ -83,7 +88,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              layer_flops="memlm.models.infinite_former:layer_flops",
              extra_params="memlm.models.infinite_former:extra_params",
              decoder="memlm.models.infinite_former:InfiniteFormerDecoder",
-             test_settings=(("ltm_basis", 6), ("ltm_samples", 5))),
+             test_settings=(("ltm_basis", 6), ("ltm_samples", 5)), checks="memlm.models.arch_checks:infinite_former"),
     ArchSpec("armt", "Associative RMT (Rodkin et al., 2024): memory tokens write by the delta rule into an "
              "associative matrix per layer that every row of later segments reads",
              model="memlm.models.armt:AssociativeRMT", mem_len="zero",
@@ -91,7 +96,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
                       "assoc_value_init_std"),
              layer_flops="memlm.models.armt:layer_flops", extra_params="memlm.models.armt:extra_params",
              memory_tokens="num_mem_tokens", recurrence="memory_bptt", decoder="memlm.models.armt:ARMTDecoder",
-             test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4))),
+             test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4)), checks="memlm.models.arch_checks:armt"),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

@@ -86,6 +86,9 @@ def test_pooling_compressions_have_no_parameters_and_pool_c_rows(kind):
 @pytest.mark.parametrize("fields,named", [
     (dict(compressed_len=0), "model.compressed_len must be >= 1 for arch 'compressive'"),
     (dict(compressed_len=4, compression_rate=3), "model.compression_rate must be >= 1 and divide model.tgt_len=8"),
+    # a slot would compress empty slots and a document's first rows together (and drop those rows)
+    (dict(compressed_len=4, compression_rate=4, mem_len=10),
+     "model.mem_len=10 must be a multiple of model.compression_rate=4 for arch 'compressive'"),
     (dict(compressed_len=4, compression_rate=2, compression="avg"),
      "model.compression: unknown function 'avg'; valid: conv, mean, max"),
     (dict(compressed_len=4, compression_rate=2, compression_loss_weight=-1.0),

@@ -23,7 +23,7 @@ VARIANTS = {
     "rmt-token-cache-read": dict(arch="rmt", num_mem_tokens=2, read_mem_from_cache=True, cache_memory_rows=False),
     "rmt-row-cache-read": dict(arch="rmt", num_mem_tokens=2, mem_len=13, read_mem_from_cache=True),
     "compressive": dict(arch="compressive", compressed_len=4, compression_rate=2),
-    "compressive-short-mem-pool": dict(arch="compressive", mem_len=3, compressed_len=6, compression_rate=4,
+    "compressive-short-mem-pool": dict(arch="compressive", mem_len=4, compressed_len=6, compression_rate=4,
                                        compression="max"),
     "infinite_former": dict(arch="infinite_former", ltm_basis=6, ltm_samples=5),
     "infinite_former-sticky-short-mem": dict(arch="infinite_former", mem_len=2, ltm_basis=4, ltm_samples=3,

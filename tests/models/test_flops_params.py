@@ -38,7 +38,7 @@ def tiny(arch, **kw):
     if arch == "rmt":
         base["num_mem_tokens"] = 2
     if arch == "compressive":
-        base.update(compressed_len=4, compression_rate=3)
+        base.update(compressed_len=4, compression_rate=3, mem_len=3)  # mem_len a multiple of the rate
     if arch == "infinite_former":
         base.update(ltm_basis=6, ltm_samples=5)
     if arch == "armt":
@@ -57,7 +57,7 @@ ARCH_VARIANTS = {
     "txl": {},
     "lamemo": {"rpe-xl": dict(rpe="xl"), "no-lookahead": dict(lookahead=False, untie_r=True)},
     "rmt": {"cache-aux": dict(mem_len=4, num_mem_tokens=3, aux_loss_weight=0.5, bptt_depth=2)},
-    "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2)},
+    "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2, mem_len=4)},
     "infinite_former": {"three-widths": dict(ltm_basis=9, ltm_widths=[0.01, 0.05, 0.1])},
     "armt": {"wide-keys": dict(num_mem_tokens=4, assoc_dim=8)},
 }

@@ -69,6 +69,16 @@ def test_a_new_entry_is_all_models_needs(monkeypatch):
     assert out.nll.shape == (2, cfg.tgt_len)
 
 
+def test_an_entry_owns_its_config_checks(monkeypatch):
+    """validate() runs the checks the entry names (after the shared ones): here Transformer-XL under another name
+    with the Compressive Transformer's."""
+    entry = ArchSpec("txl_checked", "Transformer-XL under another name", model="memlm.models.txl:TransformerXL",
+                     layer_flops="memlm.models.flops:txl_layers", checks="memlm.models.arch_checks:compressive")
+    monkeypatch.setitem(registry_module.ARCHITECTURES, entry.name, entry)
+    with pytest.raises(ConfigError, match="^model.compressed_len must be >= 1"):
+        tiny_model_config(arch="txl_checked").validate()
+
+
 def test_every_registered_arch_is_under_the_contract_tests():
     import importlib.util
     from pathlib import Path

@@ -36,7 +36,7 @@ CASES = {
     "txl_rmt_read_cache_tokens_only": dict(arch="rmt", mem_len=8, num_mem_tokens=3, read_mem_from_cache=True,
                                            cache_memory_rows=False),
     "compressive": dict(arch="compressive", mem_len=8, compressed_len=4, compression_rate=2),
-    "compressive_short_mem_max": dict(arch="compressive", mem_len=3, compressed_len=6, compression_rate=4,
+    "compressive_short_mem_max": dict(arch="compressive", mem_len=4, compressed_len=6, compression_rate=4,
                                       compression="max", pre_lnorm=True),
     "infinite_former": dict(arch="infinite_former", mem_len=8, ltm_basis=6, ltm_samples=5),
     "infinite_former_sticky_short_mem": dict(arch="infinite_former", mem_len=3, ltm_basis=4, ltm_samples=7,

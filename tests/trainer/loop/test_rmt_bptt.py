@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memlm.models import build_model
+from memlm.models import ConfigError, build_model
 from memlm.models.rmt import RMTMemory
 from memlm.trainer.loop.recurrence import ChunkBPTT, SegmentRecurrence, WindowBPTT, make_recurrence
 from support.models import tiny_model_config
@@ -419,3 +419,13 @@ def test_non_rmt_archs_take_one_segment():
     assert isinstance(recurrence, SegmentRecurrence)
     assert isinstance(make_recurrence(tiny(bptt_mode="chunk"), None, "cpu"), ChunkBPTT)
     assert isinstance(make_recurrence(tiny(), None, "cpu"), WindowBPTT)  # the paper's schedule is the default
+
+
+@pytest.mark.parametrize("option", [dict(bptt_start_memory="stored"), dict(bptt_new_segment_cache="replayed"),
+                                    dict(bptt_replay_reduction="segment_sum"), dict(bptt_recipe="authors")])
+def test_window_only_choices_are_refused_in_chunk_mode(option):
+    """Chunk mode has no replay: the window step's choices would be silently ignored there."""
+    name = next(iter(option))
+    with pytest.raises(ConfigError, match=f"^model.{name} only applies to model.bptt_mode=window"):
+        tiny(bptt_mode="chunk", **option).validate()
+    tiny(bptt_mode="chunk", memory_init_grad="detached").validate()  # the model's choice: both modes
