@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .adaptive_nll import HeadLayout, adaptive_nll, head_index
 from .head_plan import TailPlan, tail_plan
+from .softmax_nll import fits, linear_softmax_nll
 
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
@@ -162,6 +163,11 @@ class AdaptiveLogSoftmax(nn.Module):
         head_input = self._project_in(flat, 0)
         if targets is not None and not want_logprobs and self._chunked(hidden.device):
             return self._target_nll_chunked(flat, head_input, targets.reshape(-1), plan).view(B, N), None
+        if targets is not None and not want_logprobs and self.n_clusters == 1 and fits(head_input, self.weights[0]):
+            # one fp32 softmax: its gradient's [T, V] part formed in forward, while the logits are in the cache
+            tgt = targets.reshape(-1)
+            nll = linear_softmax_nll(head_input, self.weights[0], self.bias, tgt.clamp(min=0))
+            return nll.masked_fill(tgt < 0, 0.0).view(B, N), None
         head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
         logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
