@@ -100,12 +100,14 @@ class Backbone(nn.Module):
         bias_v: Tensor,  # [H, E]
         kernel_mask,  # kernel_mask(layout) or None (einsum path)
         record: Callable[[Tensor], None] | None,
+        pos_offset: int | None = None,  # the layout's offset when pos_index[i, j] = offset + i - j (attend)
     ) -> Tensor:
         """One decoder layer over h attending to its cache and itself (Transformer-XL's recurrence, RMT's cache):
         the new h [B, Q, D]. LaMemo has its own. `compile_layers` compiles this, the one graph every layer reuses."""
         q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # k, v [B, K, H, E]
         context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
-                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask)
+                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask,
+                            pos_offset=pos_offset)
         return layer.finish(h, context)
 
     def compile_layers(self, **options) -> None:

@@ -220,7 +220,8 @@ class RecurrentMemoryTransformer(Backbone):
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
                 new_cache.append(cut(last_rows(cached, rows, M)))
             h = self.layer_step(layer, h, cached, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("rmt", l))
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("rmt", l),
+                                layout.offset)
 
         _, hidden, write = h.split([R, N, R], dim=1)
         nll, logits = self.predict(hidden, targets, return_logits, tail_plan)

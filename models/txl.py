@@ -100,7 +100,8 @@ class TransformerXL(Backbone):
             if M:
                 new_hidden.append(cut(last_rows(mem_in, h, M)))
             h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l))
+                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l),
+                                layout.offset)
 
         nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
