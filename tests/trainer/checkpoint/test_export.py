@@ -34,7 +34,7 @@ from memlm.trainer.checkpoint.pretrained import ExportError, load_pretrained
 from memlm.trainer.checkpoint.store import find_checkpoint
 from memlm.trainer.checkpoint.weights import load_weights
 from memlm.trainer.config.run_config import load_config
-from support.training import child_env, make_data, torchrun, train_in_process
+from support.training import REPO, child_env, make_data, torchrun, train_in_process
 
 # One worker builds the module's runs once (scripts/test.sh runs pytest with --dist loadgroup).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
@@ -161,6 +161,13 @@ def test_zero_0_run_of_another_arch(run, tmp_path):
     weights = load_weights(*find_checkpoint(run_dir))
     assert model.state_dict().keys() == weights.keys()
     assert all(torch.equal(model.state_dict()[k], w) for k, w in weights.items())
+    # DeepSpeed writes zero_to_fp32.py for ZeRO 1-3 only, and the README says so (issue 32: it said the script
+    # worked, and every tiny preset is ZeRO 0)
+    assert not (run_dir / "checkpoints" / "zero_to_fp32.py").exists()
+    assert (run["run"] / "checkpoints" / "zero_to_fp32.py").is_file()  # the ZeRO-2 run's
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`zero_to_fp32.py` is for ZeRO 1-3 runs" in readme and "A ZeRO 0 run (every tiny preset) has neither the " \
+        "script nor partitions: `memlm export` it." in readme
 
 
 def test_another_arch_or_vocabulary_is_refused_in_one_line(run, capsys):
