@@ -19,6 +19,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["OMP_NUM_THREADS"] = "1"
 
 
+def pytest_configure(config):
+    """A line of progress every minute while the suite runs (support/progress.py: xdist's dots say little)."""
+    from support import progress
+
+    progress.register(config)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_store_in_checkout():
     """Runs are tracked by default (the tiny presets included), in ./mlflow.db: a test that trains in the checkout

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# `-m 'not slow'` leaves these out: benchmark processes stopped by signals, 20 s in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = sorted(ROOT.glob("bench/benchmarks/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
     ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "rmt_tasks", "tasks_small", "extrapolate")]

@@ -25,6 +25,9 @@ import psutil
 import pytest
 import torch
 
+# `-m 'not slow'` leaves these out: the experiments' smoke runs, 2-6 min each on 2 busy cores
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
 

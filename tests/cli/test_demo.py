@@ -7,7 +7,10 @@ import math
 import re
 from argparse import Namespace
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_end_to_end(tmp_path, monkeypatch, capsys):
     from memlm import demo
 

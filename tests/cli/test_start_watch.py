@@ -12,6 +12,8 @@ Cost: ~10 s on 2 cores (7 processes that import torch, two at a time; 27 s at lo
 
 from __future__ import annotations
 
+import pytest
+
 from memlm.start_watch import LOADING
 from support import start_watch
 
@@ -27,6 +29,7 @@ REFUSED_LATE = {
 }
 
 
+@pytest.mark.slow
 def test_a_slow_start_says_what_it_does_first(tmp_path):
     pending = dict(REFUSED_LATE)
     done = {}

@@ -25,6 +25,9 @@ import pytest
 
 from support.training import make_data, train_in_process
 
+# `-m 'not slow'` leaves these out: Ray evaluations of trained runs, 2.7 min in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 MULTS = (1, 2, 3)
 N = 8
 

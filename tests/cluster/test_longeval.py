@@ -14,6 +14,9 @@ import torch
 
 from support.training import make_data, train_in_process
 
+# `-m 'not slow'` leaves these out: Ray evaluations of trained runs, 73 s on 2 busy cores
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
 

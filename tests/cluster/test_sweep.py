@@ -28,6 +28,9 @@ from memlm.trainer.config.run_config import ConfigError
 from support.ray_listeners import ListenerWatch, address_namespace
 from support.training import REPO, child_env, make_data
 
+# `-m 'not slow'` leaves these out: Ray Tune sweeps of real trainings, 7 min in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 CONFIGS = REPO / "configs"
 SWEEP_PRESETS = sorted((CONFIGS / "sweeps").glob("*.yaml"))
 TINY_SWEEP = CONFIGS / "sweeps" / "tiny_grid.yaml"

@@ -147,6 +147,7 @@ def test_every_arch_flex_equals_eager_over_segments(variant):
             assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["txl", "lamemo", "rmt_with_cache"])
 def test_the_flex_path_compiles_into_one_graph(variant):
     """torch.compile of the whole model traces every layer's FlexAttention into one graph: no graph break (a warnings

@@ -19,6 +19,9 @@ import pytest
 import torch
 from torch import nn
 
+# `-m 'not slow'` leaves these out: fresh processes that compile Triton kernels, 74 s in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 CUDA = torch.cuda.is_available()
 
 

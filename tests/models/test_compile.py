@@ -33,6 +33,7 @@ def _detached(memory):
 LAYER_GRAPHS = {"transformer": 1, "txl": 1, "lamemo": 2, "rmt": 1}  # LaMemo's last layer updates only its cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_compiled_layers_share_one_graph_and_compute_what_the_eager_model_does(arch):
     import torch._dynamo

@@ -17,6 +17,9 @@ from memlm.models import ARCHITECTURES, build_model
 from memlm.models.head_plan import tail_plan
 from support.models import tiny_model_config
 
+# `-m 'not slow'` leaves these out: torch.compile of every arch, 100 s in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
 SEGMENTS = 3  # the first captures; a recompile would come at the second (the carried state's layout) or a reset
 

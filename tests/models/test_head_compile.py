@@ -76,6 +76,7 @@ def run_compiled(div_val, planned):
     return graphs, list(counters["graph_break"]), counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("div_val", [1, 2])
 def test_with_a_plan_the_head_compiles_whole_and_once(div_val):
     graphs, breaks, counts = run_compiled(div_val, planned=True)

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# `-m 'not slow'` leaves these out: Triton kernels in every arch, 23 s on 2 busy cores
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

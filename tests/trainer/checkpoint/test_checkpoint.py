@@ -58,6 +58,7 @@ def losses_of(rows):
     return {r["step"]: r["loss"] for r in rows}
 
 
+@pytest.mark.slow
 def test_killed_during_save_leaves_previous_checkpoint(data, tmp_path):
     """SIGKILL while checkpoint 2K is being written aside: `latest` still names K, and resuming reaches the
     uninterrupted run's losses."""
@@ -80,6 +81,7 @@ def test_killed_during_save_leaves_previous_checkpoint(data, tmp_path):
     assert losses(out) == full
 
 
+@pytest.mark.slow
 def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
     """2 ranks: ZeRO 1/2/3 give ZeRO 0's losses (float tolerance); ZeRO 2 resume is exact; then a single process
     resuming the 2-rank checkpoint is refused with exit 2 and a message naming both world sizes."""
@@ -160,6 +162,7 @@ def test_rmt_resume_mid_window_and_document_is_bit_identical(variant, data, tmp_
     assert losses(split) == full
 
 
+@pytest.mark.slow
 def test_resume_with_another_bptt_mode_is_refused(data, tmp_path):
     out = tmp_path / "run"
     train_in_process("rmt", data, out, train__steps=2, train__save_every=2)

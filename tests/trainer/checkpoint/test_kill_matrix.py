@@ -37,7 +37,9 @@ from support.training import (
     train_in_process,
 )
 
-pytestmark = [pytest.mark.kill_matrix, pytest.mark.xdist_group("kill_matrix")]  # one worker: shared references
+# slow: killed and resumed trainings, 7 min in all on 2 busy cores (`-m 'not slow'` leaves them out); one worker:
+# shared references
+pytestmark = [pytest.mark.slow, pytest.mark.kill_matrix, pytest.mark.xdist_group("kill_matrix")]
 
 STEPS = 6
 COMMON = dict(train__steps=STEPS, train__save_every=2, train__keep_last=5, train__grad_accum=2,

@@ -25,6 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# `-m 'not slow'` leaves these out: its runs are trained in a subprocess: 5 min in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 # run name -> (preset, ZeRO stage)
 RUNS = {"txl": ("tiny/txl", 0), "txl_zero2": ("tiny/txl", 2), "txl_zero3": ("tiny/txl", 3),

@@ -117,6 +117,7 @@ def _greedy_copies(model, samples: int = 20) -> int:
     return correct
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["txl", "lamemo"])
 def test_memory_is_used_copy_across_segments(arch):
     """The continuation depends on tokens only memory holds: a trained copy model repeats them when decoding."""
@@ -213,6 +214,7 @@ def test_cli_streams_the_api_text(runs, capsys):
     assert capsys.readouterr().out.startswith(prompt)
 
 
+@pytest.mark.slow
 def test_a_slow_start_says_what_it_loads_before_the_prompt(runs):
     """Issue 32: under load `memlm generate` printed nothing for 13 s (torch, DeepSpeed, the weights). Its start
     watch, here after 0.05 s instead of 8 s (support/start_watch.py), names the import, then the weights; the text

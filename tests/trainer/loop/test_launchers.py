@@ -28,6 +28,9 @@ from support.training import (
     torchrun,
 )
 
+# `-m 'not slow'` leaves these out: three launchers' trainings, 3.5 min on 2 busy cores
+pytestmark = pytest.mark.slow
+
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")  # minutes: a deadlocked collective fails fast
 STEPS = 4
 ARCH = "txl"

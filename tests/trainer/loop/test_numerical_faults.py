@@ -133,6 +133,7 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_last_good_checkpoint(data,
     assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
 
 
+@pytest.mark.slow
 def test_two_ranks_zero2_skip_in_lockstep_then_stop(data, tmp_path):
     """2 ranks, ZeRO-2: a NaN batch on rank 1 only is skipped by both ranks and training goes on; an inf weight on
     rank 1 stops both after train.max_bad_steps with the last good checkpoint as `latest`."""

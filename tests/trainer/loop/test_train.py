@@ -38,6 +38,7 @@ def test_tiny_preset_trains_and_loss_falls(arch, data, tmp_path):
     assert last < first - 0.3, (first, last)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope,precision", [("model", "fp32"), ("layer", "fp32"), ("model", "bf16")])
 def test_a_compiled_run_trains_like_the_eager_one_and_compiles_once(data, tmp_path, scope, precision):
     """train.compile=true, the whole forward or one layer's work (train.compile_scope): the same losses as the

@@ -51,6 +51,7 @@ def run_steps(how: str, **env_overrides) -> dict:
 PAGES_PER_STEP = 256 * 2**20 // 4096  # 65,536 pages of 4 KiB
 
 
+@pytest.mark.slow
 def test_memlm_processes_keep_step_memory_mapped():
     """After prepare_process, a repeated step reuses its pages: almost no page faults. The counter is shown to see
     faults where they happen: with every tensor given its own mapping (glibc's behaviour for large blocks, forced
@@ -63,6 +64,7 @@ def test_memlm_processes_keep_step_memory_mapped():
     assert mapped["faults"] > PAGES_PER_STEP // 2, mapped
 
 
+@pytest.mark.slow
 def test_opting_out_and_not_preparing_leave_malloc_alone():
     """MEMLM_MALLOC=system keeps glibc's defaults; importing memlm without prepare_process changes nothing.
     (glibc's own dynamic thresholds then decide, and whether they trim between steps depends on the heap's

@@ -20,6 +20,9 @@ import pytest
 from memlm.trainer.runtime import process as runtime
 from support.training import DEEPSPEED, REPO, child_env, make_data, overrides, preset
 
+# `-m 'not slow'` leaves these out: trainings and launchers that measure threads, 80 s in all on 2 busy cores
+pytestmark = pytest.mark.slow
+
 CHOICE = re.compile(r"memlm (\w+):(?: rank (\d+))? (\d+) torch threads? \((.+)\)")
 
 

@@ -23,6 +23,9 @@ import pytest
 
 from support.training import make_data, overrides, preset
 
+# `-m 'not slow'` leaves these out: a real mlflow server stopped and restarted, 69 s on 2 busy cores
+pytestmark = pytest.mark.slow
+
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")
 
 

@@ -114,6 +114,7 @@ def test_default_store_is_sqlite_in_working_folder(tmp_path):
     assert metric_values(client, tracker.run_id, "loss") == [(1, 1.5)]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_run(tmp_path):
     # The trainer says on the console what a resume changed; the tracker's own word on its params is an INFO record
     # (read here from its logger: routing the library loggers raises the level of any console handler, caplog's too).
@@ -366,6 +367,7 @@ def test_real_mlflow_server(tmp_path, capfd, monkeypatch):
             server.wait(timeout=5)
 
 
+@pytest.mark.slow
 def test_parallel_trainings_share_a_fresh_sqlite_store(tmp_path):
     """Three processes open the same not-yet-existing ./mlflow.db at once (the demo's parallel trainings): the
     first creates and migrates it under a lock, none finds it half-migrated, all create their runs in it."""
