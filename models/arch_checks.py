@@ -42,6 +42,9 @@ def rmt(cfg) -> None:
         raise ConfigError(f"model.aux_token_id must be in [0, vocab_size={cfg.vocab_size}), got {cfg.aux_token_id}")
     if cfg.bptt_recipe not in BPTT_RECIPES:
         raise ConfigError(f"model.bptt_recipe: unknown value {cfg.bptt_recipe!r}; valid: {', '.join(BPTT_RECIPES)}")
+    if cfg.cache_keys_values and cfg.mem_len < 1:
+        raise ConfigError("model.cache_keys_values applies to the Transformer-XL cache, and model.mem_len is 0; set "
+                          "mem_len >= 1 or remove it")
     for name, values in BPTT_CHOICES.items():
         if getattr(cfg, name) not in ("", *values):
             raise ConfigError(f"model.{name}: unknown value {getattr(cfg, name)!r}; valid: {', '.join(values)} (or "

@@ -253,6 +253,17 @@ class RelativeAttention(nn.Module):
         k, v = kv.view(B, kv.shape[1], 2, self.n_head, self.d_head).unbind(dim=2)
         return q, k, v
 
+    def project_rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """h [B, T, D] -> q [B, T, H, E] and the keys and values as kv_net gives them, [B, T, 2*H*E] (a cache of
+        projected keys and values keeps them in this form; `split_keys_values` splits them)."""
+        B, T, _ = h.shape
+        return self.q_net(h).view(B, T, self.n_head, self.d_head), self.kv_net(h)
+
+    def split_keys_values(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """[B, T, 2*H*E] -> k, v [B, T, H, E]."""
+        k, v = kv.view(kv.shape[0], kv.shape[1], 2, self.n_head, self.d_head).unbind(dim=2)
+        return k, v
+
     def project_positions(self, r: Tensor) -> Tensor:
         """[P, D] sinusoids -> [P, H, E]."""
         return self.r_net(r).view(r.shape[0], self.n_head, self.d_head)

@@ -94,6 +94,11 @@ class ModelConfig:
     # Only the write rows attend to the cache (memlm's behaviour before it followed the authors' mask).
     write_mem_from_cache: bool = False
     cache_memory_rows: bool = True  # the cache keeps the last M rows of [read | tokens | write], not tokens only
+    # The cache holds each layer's projected keys and values (with the weights of the segment that wrote them, no
+    # gradient), as lucidrains' recurrent-memory-transformer-pytorch's XL memories do, instead of its layer inputs
+    # re-projected with the current weights every segment, as Transformer-XL and the RMT authors' code do: fewer
+    # FLOPs per step (no k/v projection of the M cached rows, forward or weight gradient), another model.
+    cache_keys_values: bool = False
     # Window BPTT as memlm trains it ("memlm") or as the RMT authors' loop does ("authors"); see BPTT_CHOICES.
     bptt_recipe: str = "memlm"
     bptt_start_memory: str = ""

@@ -210,8 +210,12 @@ class RMTDecoder(SegmentDecoder):
         h = model.drop(read)
         allowed, index = self.allowed[:, :R, : M + R], self.index[:R, : M + R]
         for l, layer in enumerate(model.layers):
-            keys_in = torch.cat([memory.cache.hidden[l].to(dtype), h], dim=1)  # [B, M + R, D]
-            q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=R)
+            if M and cfg.cache_keys_values:  # the cache holds the rows' keys and values [B, M, 2HE] as they are
+                q, kv = layer.attn.project_rows(layer.attn_input(h))
+                k, v = layer.attn.split_keys_values(torch.cat([memory.cache.hidden[l].to(kv.dtype), kv], dim=1))
+            else:
+                keys_in = torch.cat([memory.cache.hidden[l].to(dtype), h], dim=1)  # [B, M + R, D]
+                q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=R)
             self.keys[l][:, : M + R], self.values[l][:, : M + R] = k, v
             u, bias_v = self.bias[l]
             context, _ = attend(q, k, v, self.r_k[l], index, allowed, u, bias_v, layer.attn.dropatt, need_lognorm=False)

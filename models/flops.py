@@ -27,7 +27,8 @@ What `flops_per_token` counts
   every segment from the layer-0 memory; at the last layer only the cached context is updated).
 * RMT: the segment is [read R | N tokens | write R], so every per-position cost runs over N + 2R positions and
   keys over M + N + 2R; the position term and W_R run over the M + N + 3R - 1 signed distances -(R-1)..K-1; the
-  softmax head runs only over the N tokens (plus the R write rows when aux_loss_weight > 0).
+  softmax head runs only over the N tokens (plus the R write rows when aux_loss_weight > 0). With cache_keys_values
+  the M cached rows' keys and values are read as cached: k and v are projected for the N + 2R rows only.
 
 Adaptive softmax assumption
 ---------------------------
@@ -272,8 +273,9 @@ def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int
     T = N + 2 * R  # [read R | tokens N | write R]
     K = M + T  # [cache M | read R | tokens N | write R]
     P = K + R - 1  # signed distances -(R - 1) .. K - 1 (the read/write blocks look up to R - 1 to the right)
+    projected = T if cfg.cache_keys_values else K  # a cache of keys and values is not projected again
     for _ in range(L):
-        seg["attn_proj"] += mm(T, D, A) + 2 * mm(K, D, A) + mm(T, A, D)
+        seg["attn_proj"] += mm(T, D, A) + 2 * mm(projected, D, A) + mm(T, A, D)
         seg["pos_proj"] += mm(P, D, A) / batch_size
         seg["attn_content"] += mm(T, A, K)
         seg["attn_position"] += mm(T, A, P)

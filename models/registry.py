@@ -50,7 +50,7 @@ class ArchSpec:
 
 
 RMT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
-               "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "bptt_recipe",
+               "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "cache_keys_values", "bptt_recipe",
                "bptt_start_memory", "bptt_new_segment_cache", "memory_init_grad", "bptt_replay_reduction")
 
 ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (

@@ -19,7 +19,8 @@ rows, booydar/LM-RMT mem_transformer.py), and the cache keeps the last M rows of
 [read | tokens | write] layer input (cache_memory_rows: true); with cache_memory_rows: false it keeps token rows
 only. Either way a cached row sits at its row position: distances are row-index differences in the key list.
 Dropout is drawn over the whole [read | tokens | write] input, as the authors drop memory-token embeddings like
-token embeddings.
+token embeddings. With cache_keys_values the cache holds each layer's projected keys and values of those rows instead
+of their layer inputs (lucidrains' XL memories; `cached_kv_layer_step`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import relative_encodings, spread_masked
+from .attention import attend, relative_encodings, spread_masked
 from .backbone import Backbone
 from .head_plan import TailPlan
 from .mask_layout import MaskLayout
@@ -46,7 +47,9 @@ class RMTMemory:
     tokens: Tensor  # [B, R, D] memory tokens the next segment reads (and rewrites); in the graph up to bptt_depth
     fresh: Tensor  # [B] bool: lane holds no memory yet; forward puts the learned initial memory there
     transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
-    cache: TXLMemory  # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none)
+    # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none). Its `hidden`
+    # holds per layer the rows' layer inputs [B, M, D], or with cache_keys_values their keys and values [B, M, 2HE].
+    cache: TXLMemory
 
     @property
     def valid(self) -> Tensor:
@@ -154,15 +157,22 @@ class RecurrentMemoryTransformer(Backbone):
         # this works outside forward (e.g. with ZeRO-3 partitioned parameters); the zeros are never read.
         cfg = self.cfg
         B, R, M, D = batch_size, cfg.num_mem_tokens, cfg.mem_len, cfg.d_model
+        width = self.cache_width
         return RMTMemory(
             tokens=torch.zeros(B, R, D, device=device, dtype=dtype),
             fresh=torch.ones(B, dtype=torch.bool, device=device),
             transitions=0,
             cache=TXLMemory(
-                hidden=[torch.zeros(B, M, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
+                hidden=[torch.zeros(B, M, width, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
                 valid=torch.zeros(B, M, dtype=torch.bool, device=device),
             ),
         )
+
+    @property
+    def cache_width(self) -> int:
+        """The width of a cached row: D (layer inputs) or 2*H*E (projected keys and values, cache_keys_values)."""
+        cfg = self.cfg
+        return 2 * cfg.n_head * cfg.d_head if cfg.cache_keys_values else cfg.d_model
 
     def read_memory(
         self, memory: RMTMemory, reset: Tensor | None, memory_init: Tensor, dtype: torch.dtype
@@ -177,6 +187,24 @@ class RecurrentMemoryTransformer(Backbone):
             memory_init = memory_init.detach()
         init = memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
         return torch.where(fresh[:, None, None], init, tokens.to(dtype)), transitions
+
+    def cached_kv_layer_step(self, layer, h: Tensor, cached: Tensor, r: Tensor, pos_index: Tensor, allowed: Tensor,
+                             bias_u: Tensor, bias_v: Tensor, kernel_mask, record,
+                             pos_offset: int) -> tuple[Tensor, Tensor]:
+        """`Backbone.layer_step` with a cache of projected keys and values (cfg.cache_keys_values): cached [B, M, 2HE]
+        are the keys and values of the last M rows as the segments that wrote them projected them, read as they
+        are. Returns the new h [B, Q, D] and the cache for the next segment, [B, M, 2HE]: the last M of the cached
+        and this segment's rows (all Q rows, or the N token rows without cache_memory_rows), detached."""
+        cfg = self.cfg
+        R, M = cfg.num_mem_tokens, cfg.mem_len
+        q, kv = layer.attn.project_rows(layer.attn_input(h))  # [B, Q, H, E], [B, Q, 2HE]
+        cached = cached.to(kv.dtype)
+        rows = kv if cfg.cache_memory_rows else kv[:, R : kv.shape[1] - R]
+        k, v = layer.attn.split_keys_values(torch.cat([cached, kv], dim=1))  # [B, M + Q, H, E]
+        context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
+                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask,
+                            pos_offset=pos_offset)
+        return layer.finish(h, context), cut(last_rows(cached, rows, M))
 
     def memory_loss(self, write: Tensor) -> Tensor | None:
         """Paper A.5: the write outputs [B, R, D] predict the fixed token aux_token_id through the same softmax
@@ -215,13 +243,18 @@ class RecurrentMemoryTransformer(Backbone):
 
         new_cache = []
         for l, layer in enumerate(self.layers):
+            bias_u, bias_v = self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l)
+            if M and cfg.cache_keys_values:
+                h, kv = self.cached_kv_layer_step(layer, h, memory.cache.hidden[l], r, pos_index, allowed, bias_u,
+                                                  bias_v, kernel_mask, self.record_to("rmt", l), layout.offset)
+                new_cache.append(kv)
+                continue
             cached = memory.cache.hidden[l].to(h.dtype)  # [B, M, D]
             if M:
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
                 new_cache.append(cut(last_rows(cached, rows, M)))
-            h = self.layer_step(layer, h, cached, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("rmt", l),
-                                layout.offset)
+            h = self.layer_step(layer, h, cached, r, pos_index, allowed, bias_u, bias_v, kernel_mask,
+                                self.record_to("rmt", l), layout.offset)
 
         _, hidden, write = h.split([R, N, R], dim=1)
         nll, logits = self.predict(hidden, targets, return_logits, tail_plan)

@@ -119,6 +119,7 @@ def flop_cases():
     yield pytest.param("lamemo", dict(mem_len=2, n_layer=1), id="lamemo-one-layer")
     yield pytest.param("rmt", dict(mem_len=0), id="rmt")
     yield pytest.param("rmt", dict(mem_len=6, num_mem_tokens=3, aux_loss_weight=0.3), id="rmt-cache-aux")
+    yield pytest.param("rmt", dict(mem_len=6, num_mem_tokens=3, cache_keys_values=True), id="rmt-cache-keys-values")
     yield pytest.param("compressive", dict(mem_len=6), id="compressive-M=N")
     yield pytest.param("compressive", dict(mem_len=2, compressed_len=9, compression_rate=2, pre_lnorm=True),
                        id="compressive-M<N")
