@@ -159,6 +159,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
     from bench.benchmarks.peers import PRECISIONS, RUNNERS, Shape, make_batches
+
+    KV_CACHE = {"memlm-rmt-xl": ("memlm-rmt-xl:kv-cache",)}  # the variant that caches as lucidrains' XL memories do
     from bench.benchmarks.peers.matmul_floor import MatmulFloor
     from memlm.trainer.runtime.allocator import tune_allocator
 
@@ -167,8 +169,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     allocator = tune_allocator()
 
     shapes = {
+        # one group of every model; memlm's RMT + cache also with the peer's cache of keys and values
         "small": Shape("small", n_layer=4, d_model=256, n_head=4, d_head=64, d_inner=1024, vocab=8000, tgt_len=128,
-                       mem_len=128, lanes=8, mem_tokens=10, warmup=3, steps=20),
+                       mem_len=128, lanes=8, mem_tokens=10, warmup=3, steps=20,
+                       groups=(tuple(k for key in RUNNERS for k in (key, *KV_CACHE.get(key, ()))),)),
         "wt103": Shape("wt103", n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100, vocab=267735,
                        tgt_len=150, mem_len=150, lanes=args.wt103_lanes, mem_tokens=10,
                        cutoffs=(20000, 40000, 200000), token_law="zipf", warmup=1, steps=2,
@@ -334,13 +338,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                             "matmul_gflops_per_s": floors[key].flops / floor / 1e9, "step_over_floor": med / floor,
                         })
                 for key, r in runners.items():
-                    base = next((e for e in runners if r.compare_with and e.partition(":")[0] == r.compare_with), None)
+                    kind = [e for e in runners if r.compare_with and e.partition(":")[0] == r.compare_with]
+                    base = kind[0] if kind else None
                     if base:
                         peer_t, memlm_t = times[key], times[base]
                         g["pairs"][key] = {
                             "memlm": base,
                             "memlm_over_peer_tokens_per_s": statistics.median(peer_t) / statistics.median(memlm_t),
                             "memlm_over_peer_paired": paired_ratio(peer_t, memlm_t),
+                            # the other memlm entries of its kind in the group (variants), against the same peer
+                            "also": {e: {"memlm_over_peer_tokens_per_s": statistics.median(peer_t)
+                                         / statistics.median(times[e]),
+                                         "memlm_over_peer_paired": paired_ratio(peer_t, times[e])}
+                                     for e in kind[1:]},
                         }
                     if base and base in floors:
                         g["pairs"][key].update({
@@ -395,6 +405,9 @@ def markdown_table(shape_name: str, shape, precision: str, shape_report: dict) -
             pair = g["pairs"].get(key)
             ratio = (f"{pair['memlm_over_peer_tokens_per_s']:.2f}x ({pair['memlm_over_peer_paired']:.2f}x)"
                      if pair else "")
+            for other, also in (pair or {}).get("also", {}).items():
+                ratio += (f"; {models[other]['label']}: {also['memlm_over_peer_tokens_per_s']:.2f}x "
+                          f"({also['memlm_over_peer_paired']:.2f}x)")
             ceiling = (f"{pair['ceiling_peer_over_memlm_floor_and_optimizer']:.2f}x"
                        if pair and "ceiling_peer_over_memlm_floor_and_optimizer" in pair else "")
             floor = (f"{1000 * m['matmul_floor_s']:.0f} ({m['matmul_flops_per_step'] / 1e9:.1f}, "

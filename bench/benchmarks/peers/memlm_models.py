@@ -17,12 +17,14 @@ class MemlmRunner(Runner):
     which have neither adaptive softmax nor tying; used where the head dominates the step (WikiText-103).
     Variant "fast": the same model with its layers compiled (`compile_layers`); on CUDA model.attention and
     model.head_loss "auto" already pick FlexAttention and the chunked head.
+    Variant "kv-cache" (RMT + Transformer-XL cache only): `cache_keys_values`, the cache holds projected keys and
+    values as lucidrains' XL memories do, instead of layer inputs re-projected every segment.
     """
 
     library = "memlm"
     vocab_pattern = r"^(embed|head)\."
     arch = "txl"
-    variants = ("peer-head", "fast")
+    variants = ("peer-head", "fast", "kv-cache")
 
     def __init__(self, shape: Shape, variant: str = "", seed: int = 0, device: str = "cpu"):
         super().__init__(shape, variant, seed, device)
@@ -31,6 +33,8 @@ class MemlmRunner(Runner):
         if variant == "fast":
             self.model.compile_layers(dynamic=False)  # one layer's graph (inductor), reused by every layer
             self.label = f"{self.label} (fast: layers compiled)"
+        if variant == "kv-cache":
+            self.label = self.label.replace("Transformer-XL cache", "cache of keys and values")
 
     def model_config(self, shape: Shape) -> ModelConfig:
         peer_head = self.variant == "peer-head"
@@ -39,6 +43,7 @@ class MemlmRunner(Runner):
             d_inner=shape.d_inner, vocab_size=shape.vocab, tgt_len=shape.tgt_len, mem_len=self.mem_len(shape),
             dropout=0.0, dropatt=0.0, cutoffs=[] if peer_head else list(shape.cutoffs), div_val=1,
             tie_weight=not peer_head, **self.rmt_options(shape),
+            **({"cache_keys_values": True} if self.variant == "kv-cache" else {}),
         )
 
     def mem_len(self, shape: Shape) -> int:
@@ -62,7 +67,7 @@ class MemlmRunner(Runner):
     def settings(self) -> dict:
         keys = ("arch", "n_layer", "n_head", "d_model", "d_head", "d_inner", "vocab_size", "tgt_len", "mem_len",
                 "cutoffs", "div_val", "tie_weight", "untie_r", "same_length", "clamp_len", "pre_lnorm", "dropout",
-                "num_mem_tokens", "bptt_depth")
+                "num_mem_tokens", "bptt_depth", "cache_keys_values")
         return {k: getattr(self.cfg, k) for k in keys}
 
 
