@@ -282,8 +282,9 @@ def test_the_links_select_the_installed_uis_classic_mode():
     """Issue 32: the UI opened in MLflow 3's GenAI mode. Its mode is the browser's own (localStorage
     "mlflow.workflowType", default "genai") unless the address carries `workflowType`; no server option or
     experiment tag sets it. This MLflow's bundle must still read that parameter and know the classic value, or the
-    links lose their effect silently. The assistant panel is the browser's own setting too ("mlflow.assistant.
-    panelOpen", closed unless opened): nothing a server or an experiment can choose, so memlm leaves it alone."""
+    links lose their effect silently. The assistant's panel is the browser's own too: "mlflow.assistant.panelOpen",
+    opened once by the UI itself on a local server's first load ("mlflow.assistant.fab.autoOpenedOnFirstLoad"),
+    nothing a server or an experiment can choose; the README says so, and this notices a change."""
     import mlflow
 
     from memlm.trainer.tracking.tracker import UI_WORKFLOW, runs_link
@@ -292,6 +293,7 @@ def test_the_links_select_the_installed_uis_classic_mode():
     text = "".join(path.read_text(errors="replace") for path in bundle.glob("main.*.js"))
     key, value = UI_WORKFLOW
     assert f'.get("{key}")' in text and f'MACHINE_LEARNING="{value}"' in text
-    assert 'key:"mlflow.workflowType"' in text and 'key:"mlflow.assistant.panelOpen",version:1,initialValue:!1' in text
+    assert 'key:"mlflow.workflowType"' in text and 'key:"mlflow.assistant.panelOpen"' in text
+    assert 'key:"mlflow.assistant.fab.autoOpenedOnFirstLoad"' in text
     assert runs_link("http://127.0.0.1:5000", "3", saved_view=True) == (
         "http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=memlm&workflowType=machine_learning")
