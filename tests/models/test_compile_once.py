@@ -18,7 +18,9 @@ from memlm.models.head_plan import tail_plan
 from support.models import tiny_model_config
 
 MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
-SEGMENTS = 3  # one layer (what compiles is the same at any depth, at half the trace time); the first captures; a recompile would come at the second (the carried state's layout) or a reset
+# One layer: what compiles is the same at any depth, at half the trace time. Three segments: the first captures;
+# a recompile would come at the second (the carried state's layout) or at a reset.
+SEGMENTS = 3
 
 
 def _config(name: str, **fields):
