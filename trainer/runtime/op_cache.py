@@ -104,7 +104,25 @@ def use_own_extension_cache() -> str:
     Must run before deepspeed builds or loads an op."""
     if not os.environ.get("TORCH_EXTENSIONS_DIR"):
         os.environ["TORCH_EXTENSIONS_DIR"] = str(extension_cache_dir())
+    own_ninja_first_on_path()
     return os.environ["TORCH_EXTENSIONS_DIR"]
+
+
+def own_ninja_first_on_path() -> None:
+    """The environment's own ninja first on this process's PATH, which its children inherit.
+
+    load_cpu_op builds with it, but DeepSpeed loads the op by itself wherever memlm's loader did not run first (a
+    process that calls deepspeed.initialize directly, a helper of the test suite): torch's loader then ran the
+    PATH's ninja, the system's 1.11 where the environment was not activated, which rebuilt the folder's build of
+    1.13 ("command line changed": the two hash their logs differently) and made the next memlm start rebuild it
+    back and print the build notice (issue 32, seen in CI). A no-op without an own ninja, or when it is first."""
+    own = Path(sys.executable).parent / "ninja"
+    if not (own.is_file() and os.access(own, os.X_OK)):
+        return
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    if folders and folders[0] == str(own.parent):
+        return
+    os.environ["PATH"] = os.pathsep.join([str(own.parent), *[f for f in folders if f]])
 
 
 def warn_stale_build_locks(folder: str | os.PathLike, now: float | None = None) -> list[Path]:

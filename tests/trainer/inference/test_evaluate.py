@@ -292,7 +292,9 @@ def _make_runs(root: Path, data: Path) -> None:
 
     from memlm.models import build_model
     from memlm.trainer.config.run_config import dump_yaml, load_config
+    from memlm.trainer.runtime.op_cache import use_own_extension_cache
 
+    use_own_extension_cache()  # DeepSpeed builds its CPU op here as memlm would: its cache, its ninja
     for name, (preset, stage) in RUNS.items():
         cfg = load_config(preset, {"data.path": str(data), "deepspeed.zero_stage": stage})
         torch.manual_seed(0)

@@ -176,3 +176,24 @@ def test_one_ninja_builds_whatever_the_path_says(tmp_path, monkeypatch):
         assert op_cache.build_due(op_dir, [str(source)], [], ninja=builder) is None
         due = op_cache.build_due(op_dir, [str(source)], [], ninja=redoer)
         assert due is not None and f"ninja ({redoer}) rebuilds" in due, due
+
+
+def test_processes_that_load_the_op_by_themselves_find_the_same_ninja(tmp_path, monkeypatch):
+    """DeepSpeed loads the op by itself where memlm's loader did not run first (deepspeed.initialize called
+    directly, as a helper of the evaluation tests does): in CI that process ran the system's ninja on the PATH and
+    rebuilt the environment's build, and the next `memlm train` printed the build notice into an error the test
+    expected alone. Pointing DeepSpeed at memlm's cache also puts the environment's ninja first on the PATH that
+    this process and its children see."""
+    from memlm.trainer.runtime import op_cache
+
+    own = Path(sys.executable).parent / "ninja"
+    if not own.is_file():
+        pytest.skip(f"no ninja beside {sys.executable}")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    assert op_cache.use_own_extension_cache() == str(tmp_path / "cache")
+    assert shutil.which("ninja") == str(own)
+    child = subprocess.run(["sh", "-c", "command -v ninja"], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(own)
+    op_cache.use_own_extension_cache()  # again: the PATH keeps one copy in front
+    assert os.environ["PATH"] == os.pathsep.join([str(own.parent), "/usr/bin", "/bin"])
