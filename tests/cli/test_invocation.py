@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
@@ -46,3 +48,19 @@ def test_python_started_above_a_clone_named_memlm_finds_the_package(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["memlm.trainer.checkpoint.pretrained", str(ROOT / "memlm" / "cli.py")]
+
+
+@pytest.mark.parametrize("folder", ["ci-check", "main"])
+def test_pytest_runs_in_a_clone_of_any_name(tmp_path, folder):
+    """pytest imports the folder above tests/ through its __init__.py: as a package named after the clone, or, where
+    the name is no identifier (ci-check), as a plain module "__init__" without a __path__. The checkout's __init__.py
+    raised NameError there and every test of the suite errored at setup; it now acts only under the name memlm."""
+    clone = tmp_path / folder
+    (clone / "tests").mkdir(parents=True)
+    for name in ("__init__.py", "memlm", "models", "data_pipeline", "trainer", "cluster", "configs"):
+        (clone / name).symlink_to(ROOT / name)
+    (clone / "tests" / "test_one.py").write_text("def test_one():\n    assert True\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=clone,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
