@@ -209,13 +209,34 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
 
     options = resolve_options(task, task_options)
     tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
-    splits = {split: _write(tmp, split, task_documents(task, split, options), tok.vocab_size, shard_tokens, progress,
+    lengths: dict[str, list[int]] = {split: [] for split in SPLITS}
+
+    def measured(split: str):
+        for document in task_documents(task, split, options):
+            lengths[split].append(len(document[0]))
+            yield document
+
+    splits = {split: _write(tmp, split, measured(split), tok.vocab_size, shard_tokens, progress,
                             total=options["docs"][split])
               for split in SPLITS}
+    if progress is not False:
+        print(length_report(task, options, lengths))
     # first_target: where a document's targets start (shard_source.Doc.start), read by every stream of the data.
     corpus = {"kind": "task", "input": None, "task": task, "options": options,
               "first_target": 0 if options["predict_first"] else 1}
     return _manifest(corpus, tok, splits)
+
+
+def length_report(task: str, options: dict, lengths: dict[str, list[int]]) -> str:
+    """The samples' achieved lengths per split (tokens of the bytes tokenizer, so bytes), beside the asked length
+    and its tolerance where the task has one (the long-context tasks: data_pipeline/longctx.py)."""
+    from . import longctx
+
+    rows = ", ".join(f"{split} {min(n)} / {np.median(n):g} / {max(n)}" for split, n in lengths.items() if n)
+    asked = ""
+    if task in longctx.LONGCTX_TASKS:
+        asked = f", asked {options['length']} (tolerance {longctx.TOLERANCE})"
+    return f"{task}: sample lengths in bytes (the bytes tokenizer's tokens){asked}, min / median / max: {rows}"
 
 
 # ---------------------------------------------------------------- shared

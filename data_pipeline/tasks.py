@@ -28,7 +28,7 @@ into exactly the segments the paper's Figure 4 counts (copy 24 -> 48: 72 predict
 marker before the queried key ("??", Ba et al.; the RMT authors' generator has none: "").
 
 The long-context tasks qa1, qa2, qa3 (BABILong-style: bAbI-like facts in WikiText background) and passkey are
-data_pipeline/longctx.py's; their `length` is the sample's bytes.
+data_pipeline/longctx.py's; their `length` is the sample's exact bytes.
 
 Sizes: `length` (copy/reverse symbols, retrieval pairs) sets how many segments a sample spans. Splits are generated
 from different seeds (seed, split), so train, valid and test differ; the same seed gives the same bytes (numpy's

@@ -93,7 +93,8 @@ def test_failures_leave_no_folder_and_keep_an_earlier_one(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no out, no out.tmp-*, no parents made for it
     # Refused before anything is made (issue 32: a refused task left an empty parent folder behind)
     run = memlm("--corpus", "task", "--task", "passkey", "--task-length", "16", "--out", str(tmp_path / "new" / "out"))
-    _assert_failed(run, "--task-length (the sample's bytes) must be >= 64, got 16")
+    _assert_failed(run, "passkey: --task-length (the sample's bytes) must be >= ",
+                   "for a 5-digit key and the question, got 16")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
     good = _textdir(tmp_path / "good")
