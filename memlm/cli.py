@@ -193,16 +193,20 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _add_prepare(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("prepare", help="tokenize a corpus (or generate an algorithmic task) into a DATA_DIR "
                             "of webdataset shards with manifest.json")
-    p.add_argument("--corpus", required=True, choices=["wikitext", "enwik8", "text8", "textdir", "jsonl", "task"])
-    p.add_argument("--input", metavar="PATH", help="the corpus folder or file (not needed for --corpus task)")
+    p.add_argument("--corpus", required=True,
+                   choices=["wikitext", "enwik8", "text8", "textdir", "jsonl", "task", "babilong"])
+    p.add_argument("--input", metavar="PATH", help="the corpus folder or file (not needed for --corpus task; "
+                   "babilong: a downloaded BABILong folder, e.g. of RMT-team/babilong-train-5k-samples)")
     p.add_argument("--out", required=True, metavar="DATA_DIR")
     p.add_argument("--tokenizer", choices=["word", "bytes", "spm-unigram", "spm-bpe"],
                    help="trained on the train split (default: bytes for enwik8/text8/task, else word)")
     p.add_argument("--tokenizer-from", metavar="DIR", help="reuse a trained tokenizer folder (e.g. DATA_DIR/tokenizer)")
     p.add_argument("--vocab-size", type=int, metavar="N", help="needed for spm-*; caps the word vocabulary")
-    p.add_argument("--task", choices=TASK_NAMES,
-                   help="an RMT task, or a long-context one: qa1/qa2/qa3 (BABILong-style, give "
-                        "--task-option background=WIKITEXT_DIR) or passkey")
+    p.add_argument("--task", choices=TASK_NAMES + [f"qa{i}" for i in range(4, 21)], metavar="TASK",
+                   help="an RMT task (copy, reverse, retrieval, quadratic), or a long-context one: qa1/qa2/qa3 "
+                        "(BABILong-style, give --task-option background=WIKITEXT_DIR) or passkey; --corpus babilong: "
+                        "BABILong's qa1..qa20")
+    p.add_argument("--babilong-length", metavar="L", help="--corpus babilong: the length to read (0k, 1k, 2k, ...)")
     p.add_argument("--task-docs", metavar="N|TRAIN,VALID,TEST",
                    help="samples per split (N: train N, valid and test N/10; default 10000)")
     p.add_argument("--task-length", type=int, metavar="L",
@@ -224,6 +228,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
     from memlm.trainer.runtime import heartbeat
 
     progress.phase_listener = heartbeat.phase  # prepare names its slow steps; its progress meters end them
+    if args.corpus == "babilong" or args.babilong_length is not None:
+        return _run_prepare_babilong(args)
 
     task_options = None
     if args.corpus == "task":
@@ -243,6 +249,32 @@ def _run_prepare(args: argparse.Namespace) -> int:
     heartbeat.phase(None)
     tok = manifest["tokenizer"]
     print(f"{args.out}: tokenizer {tok['kind']} (vocab {tok['vocab_size']})")
+    for split, entry in manifest["splits"].items():
+        print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
+              f"{len(entry['shards'])} shard(s)")
+    return 0
+
+
+def _run_prepare_babilong(args: argparse.Namespace) -> int:
+    from memlm.data_pipeline.babilong_prepare import prepare_babilong
+    from memlm.data_pipeline.format import DataError
+
+    if args.corpus != "babilong":
+        raise DataError(f"--babilong-length applies to --corpus babilong, not to {args.corpus}")
+    flags = (("--tokenizer", args.tokenizer), ("--tokenizer-from", args.tokenizer_from), ("--vocab-size",
+             args.vocab_size), ("--task-length", args.task_length), ("--task-option", args.task_option),
+             ("--split-pages", args.split_pages))
+    given = [flag for flag, value in flags if value]
+    if given:
+        raise DataError(f"--corpus babilong reads BABILong's records onto the bytes tokenizer: drop {', '.join(given)}")
+    missing = [flag for flag, value in (("--input DIR", args.input), ("--task qaN", args.task),
+                                        ("--babilong-length L", args.babilong_length)) if value is None]
+    if missing:
+        raise DataError(f"--corpus babilong needs {', '.join(missing)}: it reads one task (--task) at one length "
+                        "(--babilong-length) of a downloaded BABILong folder (--input)")
+    manifest = prepare_babilong(args.input, args.task, args.babilong_length, args.out, docs=args.task_docs,
+                                overwrite=args.overwrite, shard_tokens=args.shard_tokens)
+    print(f"{args.out}: BABILong {args.task} at {args.babilong_length} from {args.input}, tokenizer bytes (vocab 256)")
     for split, entry in manifest["splits"].items():
         print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
               f"{len(entry['shards'])} shard(s)")
@@ -436,18 +468,26 @@ def _run_extrapolate(args: argparse.Namespace) -> int:
 
 
 def _add_longeval(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("longeval", help="answer accuracy on long-context tasks (BABILong-style QA, passkey) by "
-                            "sample length and fact depth, one Ray task per (run, length); heatmaps, JSON, MLflow")
+    p = commands.add_parser("longeval", help="answer accuracy on long-context tasks (BABILong-style QA, passkey; or "
+                            "BABILong's own files) by sample length and fact depth, beside chance and cheap heuristics "
+                            "on the same samples, one Ray task per (run, length); plots, heatmaps, JSON, MLflow")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--lengths", default="512,1k,2k,4k", metavar="L,L,...",
-                   help="sample lengths in tokens, k = 1024 (default 512,1k,2k,4k)")
-    p.add_argument("--depths", type=int, default=5, metavar="K", help="fact-depth windows (default 5: 0-0.2, ...)")
-    p.add_argument("--samples", type=int, default=20, metavar="S", help="samples per (length, depth) (default 20)")
-    p.add_argument("--task", choices=["qa1", "qa2", "qa3", "passkey"],
-                   help="default: the task the first run was trained on")
+    p.add_argument("--lengths", metavar="L,L,...",
+                   help="sample lengths in tokens, k = 1024 (default 512,1k,2k,4k); with --babilong BABILong's "
+                        "length labels, e.g. 0k,1k,4k (default: every length the folder has)")
+    p.add_argument("--depths", type=int, metavar="K", help="fact-depth windows (default 5: 0-0.2, ...)")
+    p.add_argument("--samples", type=int, metavar="S",
+                   help="samples per (length, depth) (default 20); with --babilong the first S records of each "
+                        "length (default all)")
+    p.add_argument("--task", metavar="TASK",
+                   help="qa1, qa2, qa3 or passkey; with --babilong qa1..qa20 (default: the task the first run was "
+                        "trained on)")
+    p.add_argument("--babilong", metavar="DIR",
+                   help="score BABILong's own files (a download of RMT-team/babilong or babilong-1k-samples) with "
+                        "BABILong's scoring, instead of generated samples")
     p.add_argument("--background", metavar="WIKITEXT_DIR", help="QA background (default: the run's data's)")
-    p.add_argument("--seed", type=int, default=0, help="sample generation seed (default 0)")
-    p.add_argument("--split", choices=["valid", "test"], default="test", help="background text's split")
+    p.add_argument("--seed", type=int, help="sample generation seed (default 0)")
+    p.add_argument("--split", choices=["valid", "test"], help="background text's split (default test)")
     p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--out", metavar="DIR", help="results folder (default longeval/)")
     p.add_argument("--experiment", default="memlm-longeval", help="MLflow experiment (default memlm-longeval)")

@@ -95,7 +95,7 @@ def runs(tmp_path_factory):
 def longeval(run_dirs, out: Path, uri: str, *extra: str) -> int:
     from memlm.cli import main
 
-    return main(["longeval", *map(str, run_dirs), "--lengths", "200,400", "--depths", "2", "--samples", "3",
+    return main(["longeval", *map(str, run_dirs), "--lengths", "256,400", "--depths", "2", "--samples", "3",
                  "--out", str(out), "--uri", uri, "--experiment", "long", *extra])
 
 
@@ -110,25 +110,36 @@ def test_every_run_and_length_is_evaluated_written_logged_and_reused(runs, tmp_p
     assert longeval(runs["runs"].values(), out, runs["uri"]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["task"] == "qa1" and summary["lengths"] == [200, 400]  # the task the runs were trained on
+    assert summary["task"] == "qa1" and summary["lengths"] == [256, 400]  # the task the runs were trained on
     for name, run_dir in runs["runs"].items():
-        for length in (200, 400):
+        for length in (256, 400):
             got = json.loads((out / name / f"qa1-test-len{length}.json").read_text())
             # The reference: the same evaluation in this process, one after another.
             want = evaluate_length(run_dir, "qa1", {"background": str(WIKITEXT2), "facts": 6}, length, 2, 3)
             assert {k: got[k] for k in want} == want
             assert got["samples"] == 6 and [c["depth_min"] for c in got["by_depth"]] == [0.0, 0.5]
         assert (out / name / "heatmap.png").stat().st_size > 0
+    # Baselines of the same samples beside every accuracy: in each result, the summary, the CSV and the table.
+    txl_results = {r["length"]: r for r in summary["runs"]["txl"]["results"]}
+    assert [{k: row[k] for k in ("chance", "last_mentioned", "most_frequent")} for row in summary["baselines"]] == [
+        {k: txl_results[n]["baselines"][k] for k in ("chance", "last_mentioned", "most_frequent")} for n in (256, 400)]
+    assert all(r["baselines"] == txl_results[r["length"]]["baselines"] for r in summary["runs"]["armt"]["results"])
     rows = list(csv.DictReader((out / "longeval.csv").open()))
     assert len(rows) == 2 * 2 * 2 and {r["run"] for r in rows} == {"txl", "armt"}
+    assert {r["baseline_chance"] for r in rows} == {"0.125"} and all(r["baseline_most_frequent"] for r in rows)
     assert "qa1 answer accuracy by sample length" in printed and "| txl |" in printed
+    assert "| baseline: chance (1 / possible answers) | 12.5% | 12.5% |" in printed
+    assert "| baseline: last answer word mentioned |" in printed
     client = MlflowClient(tracking_uri=runs["uri"])
     experiment = client.get_experiment_by_name("long")
     logged = client.search_runs([experiment.experiment_id])
     assert {r.info.run_name for r in logged} == {"txl-qa1", "armt-qa1"}
     for r in logged:
         history = client.get_metric_history(r.info.run_id, "longeval_acc")
-        assert sorted(m.step for m in history) == [200, 400] and r.info.status == "FINISHED"
+        assert sorted(m.step for m in history) == [256, 400] and r.info.status == "FINISHED"
+        floor = client.get_metric_history(r.info.run_id, "longeval_baseline_last_mentioned")
+        assert {m.step: m.value for m in floor} == {n: txl_results[n]["baselines"]["last_mentioned"]
+                                                    for n in (256, 400)}
     txl = next(r for r in logged if r.info.run_name == "txl-qa1")
     assert txl.data.tags["memlm.train_run_id"] == (runs["runs"]["txl"] / "mlflow_run_id").read_text().strip()
     # A rerun with the same settings evaluates nothing again.
@@ -143,7 +154,7 @@ def test_a_run_of_a_text_corpus_needs_a_task(runs, tmp_path, capsys):
     train_in_process("txl", runs["text"], plain, train__steps=2)
     assert main(["longeval", str(plain), "--out", str(tmp_path / "o"), "--uri", runs["uri"]]) == 2
     err = capsys.readouterr().err
-    assert "was trained on a text corpus, not a long-context task; pass --task" in err
+    assert "was trained on a text corpus, not a generated long-context task; pass --task" in err
 
 
 @pytest.mark.parametrize("lengths,message", [("1k,abc", "--lengths '1k,abc': give sizes like"),
@@ -153,3 +164,39 @@ def test_bad_lengths_are_one_line(runs, tmp_path, capsys, lengths, message):
 
     rc = main(["longeval", str(runs["runs"]["txl"]), "--lengths", lengths, "--out", str(tmp_path)])
     assert rc == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.usefixtures("local_ray")
+def test_babilongs_own_files_are_scored_by_their_rule_and_logged(runs, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from mlflow import MlflowClient
+
+    from memlm.cli import main
+    from memlm.trainer.inference.longeval_babilong import evaluate_babilong
+
+    rooms = ["bathroom", "bedroom", "garden", "hallway", "kitchen", "office"]
+    folder = tmp_path / "babilong"
+    for label, noise in (("0k", 0), ("1k", 12)):
+        records = [{"input": "The wind blew. " * noise + f"Mary went to the {rooms[i]}. John went to the "
+                    f"{rooms[i - 1]}.\nThe end.", "question": "Where is Mary?", "target": rooms[i]} for i in range(4)]
+        (folder / label).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(records), folder / label / "qa1-00000-of-00001.parquet")
+    out = tmp_path / "out"
+    txl = runs["runs"]["txl"]
+    assert main(["longeval", str(txl), "--babilong", str(folder), "--samples", "3", "--out", str(out), "--uri",
+                 runs["uri"], "--experiment", "babilong"]) == 0  # qa1: the task the run was trained on
+    printed = capsys.readouterr().out
+    for label in ("0k", "1k"):
+        got = json.loads((out / "txl" / f"babilong-qa1-{label}.json").read_text())
+        want = evaluate_babilong(txl, folder, "qa1", label, 3)  # the same evaluation in this process
+        assert {k: got[k] for k in want} == want and got["samples"] == 3
+        # John is always the last name, his room the last place: that heuristic is always wrong here
+        assert got["baselines"] == {"chance": 1 / 6, "last_mentioned": 0.0, "most_frequent": 0.0}
+    assert "BABILong qa1 accuracy by length (BABILong's labels and scoring" in printed and "| txl |" in printed
+    client = MlflowClient(tracking_uri=runs["uri"])
+    (logged,) = client.search_runs([client.get_experiment_by_name("babilong").experiment_id])
+    assert logged.info.run_name == "txl-babilong-qa1" and logged.data.params["source"] == "babilong"
+    assert sorted(m.step for m in client.get_metric_history(logged.info.run_id, "longeval_baseline_chance")) == [
+        0, 1000]

@@ -213,8 +213,9 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
 
 
 def is_task(manifest: dict) -> bool:
-    """A data folder of an algorithmic task (`memlm prepare --corpus task`): its evaluations report accuracy."""
-    return (manifest.get("corpus") or {}).get("kind") == "task"
+    """A data folder of an algorithmic task (`memlm prepare --corpus task`, or BABILong's files prepared with
+    `--corpus babilong`): its evaluations report accuracy."""
+    return (manifest.get("corpus") or {}).get("kind") in ("task", "babilong")
 
 
 def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, clamp_len, same_length) -> RunConfig:

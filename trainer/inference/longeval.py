@@ -9,6 +9,10 @@ ignored), which no answer token can see.
 
 Depth: the facts of a cell's samples lie in one window [i / K, (i + 1) / K] of the background (depth 0: the start
 of the context, far from the question).
+
+Beside the accuracy, each cell carries the baselines of a reader that does not learn, measured on the cell's own
+samples from their prompt text (longeval_baselines.py: chance, the last or most frequent place mentioned, ...).
+BABILong's own files are longeval_babilong.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from memlm.models import build_model
 from memlm.models.output import map_memory
 
 IGNORE = -100
@@ -68,45 +71,60 @@ def depth_windows(count: int) -> list[tuple[float, float]]:
     return [(i / count, (i + 1) / count) for i in range(count)]
 
 
-def task_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
-                 split: str) -> list[tuple[np.ndarray, int]]:
-    """`count` samples of `length` bytes with their facts in `window`, as (byte ids, answer length)."""
+def cell_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
+                 split: str) -> list:
+    """`count` samples (tasks.Sample: prompt, answer) of `length` bytes with their facts in `window`."""
     from memlm.data_pipeline.tasks import generate, resolve_options
 
     # A seed per (length, window) cell: cells never share samples, and any cell can be rerun alone.
     cell_seed = int(np.random.SeedSequence([seed, length, int(window[0] * 1e6)]).generate_state(1)[0] % 2**31)
     resolved = resolve_options(task, {**options, "length": length, "depth_min": window[0], "depth_max": window[1],
                                       "seed": cell_seed, "docs": {"train": 1, "valid": count, "test": count}})
-    return [(np.frombuffer(s.text.encode("ascii"), dtype=np.uint8).astype(np.int64), len(s.answer))
-            for s in generate(task, split, resolved)]
+    return list(generate(task, split, resolved))
+
+
+def task_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
+                 split: str) -> list[tuple[np.ndarray, int]]:
+    """cell_samples' samples as the scorer reads them: (byte ids of prompt + SEP + answer, answer length)."""
+    return [as_doc(s) for s in cell_samples(task, options, length, window, count, seed, split)]
+
+
+def as_doc(sample) -> tuple[np.ndarray, int]:
+    return np.frombuffer(sample.text.encode("ascii"), dtype=np.uint8).astype(np.int64), len(sample.answer)
+
+
+def load_for_eval(run_dir: str | os.PathLike) -> tuple[torch.nn.Module, Any, Any, int | None, str]:
+    """(model in eval mode on the device, the data's tokenizer, the resolved RunConfig, checkpoint step, device) of
+    the run's latest checkpoint."""
+    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+
+    from .generate import load_run_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer, cfg = load_run_model(run_dir, device=device)
+    _, tag = find_checkpoint(Path(run_dir), None)
+    return model, tokenizer, cfg, step_of(tag), device
 
 
 def evaluate_length(run_dir: str | os.PathLike, task: str, options: dict, length: int, depths: int, samples: int,
                     seed: int = 0, split: str = "test", lanes: int | None = None) -> dict[str, Any]:
-    """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes."""
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-    from memlm.trainer.checkpoint.weights import load_weights
-    from memlm.trainer.config.run_config import eval_model_config
-    from memlm.trainer.inference.evaluate import resolve_eval_config
+    """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes, with
+    the baselines of a reader that does not learn on the same samples (longeval_baselines.py)."""
+    from .longeval_baselines import baselines, mean_by_samples, task_labels_and_chance
 
-    run_dir = Path(run_dir)
-    cfg = resolve_eval_config(run_dir, split, None, None, None, None, None)
-    ckpt_dir, tag = find_checkpoint(run_dir, None)
-    manifest = load_manifest(Path(cfg.data.path))
-    mcfg = eval_model_config(cfg)
-    model = build_model(mcfg)
-    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    boundary = int(manifest["tokenizer"]["boundary_id"])
+    model, tokenizer, cfg, step, device = load_for_eval(run_dir)
+    labels, chance = task_labels_and_chance(task, options)
     rows = []
     for window in depth_windows(depths):
-        docs = task_samples(task, options, length, window, samples, seed, split)
-        right = answer_correct(model, docs, lanes=lanes or cfg.data.eval_lanes, boundary_id=boundary, device=device)
+        cell = cell_samples(task, options, length, window, samples, seed, split)
+        right = answer_correct(model, [as_doc(s) for s in cell], lanes=lanes or cfg.data.eval_lanes,
+                               boundary_id=tokenizer.boundary_id, device=device)
         rows.append({"depth_min": window[0], "depth_max": window[1], "samples": len(right),
-                     "accuracy": sum(right) / len(right)})
+                     "accuracy": sum(right) / len(right),
+                     "baselines": baselines(task, [(s.prompt, s.answer) for s in cell], labels, chance)})
     total = sum(r["samples"] for r in rows)
+    mcfg = model.cfg
     return {"task": task, "length": length, "split": split, "seed": seed, "tgt_len": mcfg.tgt_len,
-            "mem_len": mcfg.mem_len, "arch": mcfg.arch, "step": step_of(tag), "samples": total,
-            "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / total, "by_depth": rows}
+            "mem_len": mcfg.mem_len, "arch": mcfg.arch, "step": step, "samples": total,
+            "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / total, "by_depth": rows,
+            "baselines": mean_by_samples(rows)}

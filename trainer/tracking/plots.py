@@ -115,31 +115,6 @@ def plot_accuracy_heatmap(grid: Sequence[Sequence[float | None]], lengths: Seque
     return _save_png(fig, path)
 
 
-def plot_accuracy_against_length(lines: Mapping[str, Sequence[tuple[int, float]]], path: str | os.PathLike, *,
-                                 title: str, trained: Mapping[str, int] | None = None) -> Path:
-    """Accuracy (all depths) against sample length, log-2 x axis, one line per run; a run's training length,
-    when given, is marked on its line."""
-    fig, ax = _axes((6.0, 4.0), 120)
-    ticks: set[int] = set()
-    for label, points in lines.items():
-        points = sorted(points)
-        ticks.update(n for n, _ in points)
-        line = ax.plot([n for n, _ in points], [a for _, a in points], marker="o", markersize=4, label=label)[0]
-        if trained and label in trained:
-            ax.axvline(trained[label], color=line.get_color(), linestyle=":", alpha=0.6)
-    ax.set_xscale("log", base=2)
-    if ticks:
-        ax.set_xticks(sorted(ticks), [_size_label(n) for n in sorted(ticks)])
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("sample length (tokens)")
-    ax.set_ylabel("answer accuracy")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    if lines:
-        ax.legend()
-    return _save_png(fig, path)
-
-
 def _size_label(n: int) -> str:
     return f"{n / 1024:g}k" if n >= 1024 and n % 512 == 0 else str(n)
 
