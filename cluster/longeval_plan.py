@@ -110,6 +110,9 @@ def source_of(args: argparse.Namespace, first_run: Path) -> Source:
     from memlm.data_pipeline.tasks import DEFAULTS as TASK_DEFAULTS
     from memlm.data_pipeline.tasks import resolve_options
 
+    if args.task is not None and args.task not in LONGCTX_TASKS:
+        raise ClusterError(f"--task {args.task}: the generated tasks are {', '.join(LONGCTX_TASKS)}; BABILong's "
+                           "qa1..qa20 are read from its files with --babilong DIR")
     corpus = trained_corpus(first_run)
     trained = corpus.get("task") if corpus.get("kind") == "task" else None
     task = args.task or trained

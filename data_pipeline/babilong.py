@@ -55,7 +55,7 @@ TASK_LABELS = {
 }
 QUESTION_MARK = " Q: "  # data_pipeline/longctx.py's: the prompt's context and question, as memlm's own tasks
 LENGTH = re.compile(r"(\d+)([kM])")
-HINT = ("download one with `huggingface-cli download RMT-team/babilong --repo-type dataset --local-dir DIR` "
+HINT = ("download one with `hf download RMT-team/babilong --repo-type dataset --local-dir DIR` "
         "(or babilong-1k-samples, babilong-train-5k-samples)")
 
 

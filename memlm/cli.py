@@ -208,7 +208,8 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
                         "BABILong's qa1..qa20")
     p.add_argument("--babilong-length", metavar="L", help="--corpus babilong: the length to read (0k, 1k, 2k, ...)")
     p.add_argument("--task-docs", metavar="N|TRAIN,VALID,TEST",
-                   help="samples per split (N: train N, valid and test N/10; default 10000)")
+                   help="samples per split (N: train N, valid and test N/10; default 10000; --corpus babilong: "
+                        "the file's records in order, default all with 1/20 each to valid and test)")
     p.add_argument("--task-length", type=int, metavar="L",
                    help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4); "
                         "qa1-3, passkey: the sample's bytes (default 1000)")

@@ -62,6 +62,12 @@ def test_babilong_flag_mistakes_are_one_line(tmp_path, argv, error, message):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_task_only_babilong_has_needs_its_files():
+    with pytest.raises(ClusterError, match="--task qa7: the generated tasks are qa1, qa2, qa3, passkey; BABILong's "
+                                          "qa1..qa20 are read from its files with --babilong DIR"):
+        plan("--task", "qa7")
+
+
 def result(length: int, accuracy: float, floor: list[dict], **extra) -> dict:
     """A result as the Ray task writes it, its baselines the depth cells' weighted mean."""
     cells = [{"depth_min": i / len(floor), "depth_max": (i + 1) / len(floor), "samples": 4, "accuracy": accuracy,
