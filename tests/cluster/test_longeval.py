@@ -14,7 +14,7 @@ import torch
 
 from support.training import make_data, train_in_process
 
-# `-m 'not slow'` leaves these out: Ray evaluations of trained runs, 73 s on 2 busy cores
+# `-m 'not slow'` leaves these out: Ray evaluations of trained runs, 86 s on 2 busy cores (load 5)
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
