@@ -316,15 +316,32 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _add_curriculum(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("curriculum", help="train stage by stage on longer and longer long-context samples, each "
-                            "stage from the previous one's weights (the BABILong / ARMT recipe)")
+    p = commands.add_parser("curriculum", help="train stage by stage on long-context samples spanning more and more "
+                            "segments, each stage from the previous one's weights (the BABILong / ARMT recipe)")
     p.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="applied to every stage")
     p.add_argument("--task", required=True, choices=["qa1", "qa2", "qa3", "passkey"])
     p.add_argument("--background", metavar="WIKITEXT_DIR", help="the QA tasks' background text folder")
+    p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a task option for every stage, repeatable (e.g. facts=2, digits=5); length comes from "
+                        "--segments and model.tgt_len")
     p.add_argument("--segments", default="1,2,4,8", metavar="S,S,...",
-                   help="segments per sample at each stage, increasing (default 1,2,4,8)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps per stage (default 1000)")
+                   help="segments of model.tgt_len bytes per sample at each stage, increasing (default 1,2,4,8: "
+                        "the first holds fact and question in one segment)")
+    p.add_argument("--steps", type=int, default=3000, help="the cap on each stage's optimizer steps (default 3000)")
+    p.add_argument("--check-every", type=int, default=250, metavar="K",
+                   help="steps between held-out checks (default 250, or --steps if fewer; must divide --steps)")
+    p.add_argument("--check-samples", type=int, default=200, metavar="N",
+                   help="held-out samples per check, from the stage's valid split (default 200)")
+    p.add_argument("--target", type=float, default=0.99,
+                   help="held-out exact-match accuracy that ends a stage as learned (default 0.99)")
+    p.add_argument("--patience", type=int, default=4,
+                   help="checks in a row without a gain that end a stage as plateaued (default 4)")
+    p.add_argument("--min-steps", type=int, default=1000, help="no plateau stop before this step (default 1000)")
+    p.add_argument("--min-gain", type=float, default=0.02,
+                   help="a gain: accuracy up by this much or answer loss down by this fraction (default 0.02)")
+    p.add_argument("--fixed-steps", action="store_true",
+                   help="every stage trains exactly --steps (the checks are still recorded)")
     p.add_argument("--docs", default="5000", metavar="N|TRAIN,VALID,TEST", help="samples per stage's corpus")
     p.add_argument("--seed", type=int, default=0, help="sample generation seed (default 0)")
     p.add_argument("--out", required=True, metavar="DIR", help="stages' data and run folders")
@@ -334,11 +351,22 @@ def _add_curriculum(commands: argparse._SubParsersAction) -> None:
 def _run_curriculum(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from memlm.models.config import ConfigError
     from memlm.trainer.loop.curriculum import parse_segments, run_curriculum
+    from memlm.trainer.loop.curriculum_stop import StopRule
 
     options = {"background": args.background} if args.background else {}
+    for item in args.task_option:
+        key, eq, value = item.partition("=")
+        if not eq or key in ("length", "docs", "seed", "background"):
+            raise ConfigError(f"--task-option {item!r}: give KEY=VALUE for an option other than length (--segments "
+                              "and model.tgt_len), docs (--docs), seed (--seed) and background (--background)")
+        options[key] = value
+    every = min(args.check_every, args.steps) if args.steps >= 1 else args.check_every  # a short cap: check there
+    rule = StopRule(steps=args.steps, check_every=every, samples=args.check_samples, target=args.target,
+                    patience=args.patience, min_steps=args.min_steps, min_gain=args.min_gain, fixed=args.fixed_steps)
     runs = run_curriculum(args.config, args.overrides, out=Path(args.out), task=args.task, task_options=options,
-                          segments=parse_segments(args.segments), steps=args.steps, docs=args.docs, seed=args.seed)
+                          segments=parse_segments(args.segments), rule=rule, docs=args.docs, seed=args.seed)
     print(f"curriculum: {len(runs)} stage(s) trained; the last one: {runs[-1]}")
     return 0
 

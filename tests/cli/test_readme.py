@@ -27,7 +27,7 @@ snippet's output, the tables `memlm compare` prints (the test ppl that `memlm ev
 Cost, measured on a shared 2-core machine at load average 6: about 9 1/2 minutes, of which the quick start and
 "Training and evaluation" (all this test ran before) 5 1/2; the 2-rank launches take about 2 minutes (the sweep,
 now skipped, took as long), the demo and the first training about 1 minute each, the 17 other commands 2 minutes
-together. The long-context commands (qa1's data, the curriculum's three 2-step stages, longeval on Ray) add about
+together. The long-context commands (qa1's data, the curriculum's four 2-step stages, longeval on Ray) add about
 1 1/2 minutes; the smaller stand-in vocabulary (2,000 words, not 33,278) saves some of it: 7 minutes at load 5.
 """
 
@@ -329,13 +329,13 @@ def test_readme_commands_run_as_written(tmp_path):
     assert (f"memlm train: model.vocab_size {WIKITEXT_VOCAB:,} from data/wikitext-2's word tokenizer (tiny/lamemo "
             "says 256)") in first_train, first_train[-3000:]
 
-    # Long-context accuracy: the curriculum's three stages as written, each from the one before; longeval scores
+    # Long-context accuracy: the curriculum's four stages as written, each from the one before; longeval scores
     # the last one at both lengths.
-    for stage in ("stage0-2seg", "stage1-4seg", "stage2-8seg"):
+    for stage in ("stage0-1seg", "stage1-2seg", "stage2-4seg", "stage3-8seg"):
         rows = (clone / "runs" / "armt-passkey" / stage / "metrics.jsonl").read_text().splitlines()
         assert json.loads(rows[-1])["step"] == 2, stage
     summary = json.loads((clone / "longeval" / "summary.json").read_text())
-    assert [r["length"] for r in summary["runs"]["stage2-8seg"]["results"]] == [512, 1024], summary
+    assert [r["length"] for r in summary["runs"]["stage3-8seg"]["results"]] == [512, 1024], summary
 
     # Generation and analysis: analyze prints the lines the README shows, and its percentages are the JSON's.
     shown = re.search(r"the two `analyze` commands print.*?```text\n(.*?)```", readme, flags=re.S).group(1)

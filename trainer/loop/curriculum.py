@@ -1,20 +1,44 @@
-"""`memlm curriculum CONFIG --task qa1 --segments 1,2,4,8`: training with a curriculum over sample lengths, the
-BABILong / ARMT recipe (Kuratov et al., 2024; Rodkin et al., 2024): stage k trains on samples of segments[k]
-segments (segments[k] x model.tgt_len tokens) and starts from the weights stage k - 1 ended with
-(`train.init_from`; optimizer, schedule and data start fresh, as each of the papers' stages starts from the last
-checkpoint).
+"""`memlm curriculum CONFIG --task passkey --segments 1,2,4,8`: a long-context task learned first where every model
+can learn it, then at growing distances where only a memory can help (the BABILong / ARMT recipe: Kuratov et al.,
+2024; Rodkin et al., 2024).
+
+Stage k trains on samples of exactly segments[k] x model.tgt_len bytes and starts from the weights stage k - 1 ended
+with (`train.init_from`; optimizer, schedule and data start fresh, as each of the papers' stages starts from the
+last checkpoint). Stage 0 of the default 1,2,4,8 holds the facts and the question in one segment, so every model,
+the no-memory one included, can learn the task there; from 2 segments on the story starts in the first segment and
+the question ends the last (trainer/loop/curriculum_samples.py), and the stage's data is read back from its shards
+to say so: the achieved lengths and how many segments lie between fact and answer, on the console and in the stage's
+record.
+
+Each optimizer step takes data.batch_size whole samples at every stage: archs that read one segment per micro-batch
+accumulate over the sample's S segments (train.grad_accum=S); RMT and ARMT read the sample as one chunk and
+backpropagate through all its S segments (model.bptt_mode=chunk, bptt_depth=S - 1), as their authors train. The
+rate is constant after warmup (train.schedule=constant): a stage ends on its own criterion, not where a decaying
+rate would have stopped learning (the no-memory model's one-segment passkey jumps from 0 to 100% late, and a
+schedule decaying over 1,500 steps stalled it at 2%). Overrides the user gives (train.grad_accum, model.bptt_*,
+train.schedule, ...) win over these.
+
+A stage ends when its held-out answers are learned, on a plateau, or at the cap (trainer/loop/curriculum_stop.py);
+the reason and the step are printed and kept in RUN_DIR/curriculum_stage.json, the checks in
+RUN_DIR/curriculum_checks.jsonl, and every stage's record in OUT/curriculum.json.
 
 Folders under --out: data/<task>-<S>seg (the stage's corpus, prepared once) and stage<k>-<S>seg (a run folder like
 any other: `memlm eval`, `memlm longeval`, `memlm compare` read it). Rerunning the command skips finished stages
-and resumes an interrupted one, so a crash costs at most the steps since its last checkpoint.
+and resumes an interrupted one, so a crash costs at most the steps since its last check.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from memlm.models.config import ConfigError
+
+from .curriculum_stop import StopRule
+
+STAGE_FILE = "curriculum_stage.json"  # in a stage's run folder: how it ended
+SUMMARY_FILE = "curriculum.json"  # in --out: every stage's record
 
 
 def parse_segments(text: str) -> list[int]:
@@ -32,13 +56,6 @@ def stage_folders(out: Path, task: str, segments: list[int]) -> list[tuple[int, 
     return [(s, out / "data" / f"{task}-{s}seg", out / f"stage{k}-{s}seg") for k, s in enumerate(segments)]
 
 
-def finished(run_dir: Path, steps: int) -> bool:
-    from memlm.trainer.checkpoint.store import read_latest, step_of
-
-    tag = read_latest(run_dir / "checkpoints")
-    return tag is not None and step_of(tag) == steps
-
-
 def parse_docs(text: str) -> dict[str, int]:
     """--docs: N (train N, valid and test N // 10) or TRAIN,VALID,TEST, every split at least one sample."""
     from memlm.data_pipeline.format import SPLITS
@@ -54,22 +71,14 @@ def parse_docs(text: str) -> dict[str, int]:
     return dict(zip(SPLITS, counts))
 
 
-def check_arguments(task: str, task_options: dict[str, Any], segments: list[int], steps: int, tgt_len: int) -> None:
+def check_arguments(task: str, task_options: dict[str, Any], segments: list[int], tgt_len: int) -> None:
     """What a stage's data would refuse, refused before anything is prepared or trained, in this command's own
-    options (--segments, --background, model.tgt_len; issue 32: the task's own message named --task-length, which
-    curriculum does not have, and the refusal came after OUT/data/ was made)."""
-    from memlm.data_pipeline.format import SPLITS
-    from memlm.data_pipeline.longctx import MIN_LENGTH
+    options (--segments, --background, --task-option, model.tgt_len; issue 32: the task's own message named
+    --task-length, which curriculum does not have, and the refusal came after OUT/data/ was made)."""
+    from memlm.data_pipeline import longctx
+    from memlm.data_pipeline.format import SPLITS, DataError
+    from memlm.data_pipeline.tasks import resolve_options
 
-    if steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {steps}")
-    shortest = segments[0] * tgt_len
-    if shortest < MIN_LENGTH:
-        raise ConfigError(
-            f"--task {task} needs samples of at least {MIN_LENGTH} tokens (bytes), but the first stage, --segments "
-            f"{segments[0]} x model.tgt_len {tgt_len}, is {shortest}: start --segments at "
-            f"{-(-MIN_LENGTH // tgt_len)} or more, or give a longer model.tgt_len (model.tgt_len="
-            f"{-(-MIN_LENGTH // segments[0])} makes {segments[0]} segment(s) {MIN_LENGTH} bytes)")
     background = task_options.get("background")
     if task == "passkey" and background:
         raise ConfigError("--task passkey hides its key in filler text and takes no --background")
@@ -82,56 +91,154 @@ def check_arguments(task: str, task_options: dict[str, Any], segments: list[int]
         if missing:
             raise ConfigError(f"--background {background}: no {', '.join(missing)} there; give a WikiText folder "
                               "with wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens")
+    try:  # every option checked at a length any story fits; then the floor these options set
+        resolved = resolve_options(task, {**task_options, "length": 1 << 30})
+    except DataError as exc:
+        raise ConfigError(f"curriculum: {exc}") from None
+    shortest = longctx.min_length(task, resolved)
+    first = segments[0] * tgt_len
+    if first < shortest:
+        what = "its key and the question" if task == "passkey" else f"{resolved['facts']} facts and the question"
+        fewer = "digits" if task == "passkey" else "facts"
+        raise ConfigError(
+            f"--task {task} needs samples of at least {shortest} bytes ({what}), but the first stage, --segments "
+            f"{segments[0]} x model.tgt_len {tgt_len}, is {first}: give model.tgt_len="
+            f"{-(-shortest // segments[0])} or more (one segment then holds the whole sample), start --segments at "
+            f"{-(-shortest // tgt_len)}, or give fewer {fewer} (--task-option {fewer}=N)")
+
+
+def stage_overrides(arch: str, count: int) -> list[str]:
+    """What makes one optimizer step take data.batch_size whole samples of `count` segments (module docstring),
+    plus the constant rate; the user's own overrides come after these and win."""
+    from memlm.models.registry import arch_spec
+
+    whole = (["model.bptt_mode=chunk", f"model.bptt_depth={count - 1}", "train.grad_accum=1"]
+             if arch_spec(arch).recurrence == "memory_bptt" else [f"train.grad_accum={count}"])
+    return ["train.schedule=constant", *whole]
+
+
+def describe_step(cfg, count: int) -> str:
+    """How a stage's step reads its samples, in words."""
+    if cfg.model.bptt_mode == "chunk" and cfg.model.bptt_depth + 1 == count and cfg.train.grad_accum == 1:
+        how = f"BPTT through all {count} segment(s) of each (model.bptt_mode=chunk, bptt_depth={count - 1})"
+    elif cfg.train.grad_accum == count:
+        how = f"train.grad_accum={count} segment(s) of each"
+    else:
+        how = f"train.grad_accum={cfg.train.grad_accum}"
+    return f"{cfg.data.batch_size} whole samples per step, {how}; {cfg.train.schedule} rate after warmup"
+
+
+def finished(run_dir: Path, rule: StopRule) -> dict | None:
+    """The stage's record when it has ended (its checkpoint is the one its record names), else None."""
+    from memlm.trainer.checkpoint.store import read_latest, step_of
+
+    tag = read_latest(run_dir / "checkpoints")
+    if tag is None:
+        return None
+    path = run_dir / STAGE_FILE
+    if path.is_file():
+        record = json.loads(path.read_text())
+        if record.get("step") == step_of(tag):
+            return record
+    return None
 
 
 def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, task_options: dict[str, Any],
-                   segments: list[int], steps: int, docs: str, seed: int = 0) -> list[Path]:
+                   segments: list[int], rule: StopRule, docs: str, seed: int = 0) -> list[Path]:
     """Prepare and train every stage in turn (single process); returns the stages' run folders.
 
     Every stage's options and config are checked before the first one starts: a refused command leaves nothing."""
     from memlm.data_pipeline.format import DataError
-    from memlm.data_pipeline.prepare import prepare
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.data_pipeline.tasks import resolve_options
     from memlm.trainer.config.run_config import load_config
-    from memlm.trainer.loop.train import run
-    from memlm.trainer.runtime import heartbeat
 
+    from .curriculum_samples import stage_options
+
+    rule.validate()
     base = load_config(config, overrides)
     N = base.model.tgt_len
-    check_arguments(task, task_options, segments, steps, N)
+    check_arguments(task, task_options, segments, N)
+    split_docs = parse_docs(docs)
+    if split_docs["valid"] < rule.samples:
+        print(f"curriculum: {split_docs['valid']} valid samples per stage, fewer than --check-samples "
+              f"{rule.samples}: the checks use all {split_docs['valid']}", flush=True)
     stages = []
     for k, (count, data, run_dir) in enumerate(stage_folders(out, task, segments)):
-        # The sample's bytes, answer included: `count` segments of N predictions ([boundary] + doc[:-1]).
         try:
-            options = resolve_options(task, {**task_options, "length": count * N, "docs": parse_docs(docs),
-                                             "seed": seed})
+            options = stage_options(task, {**task_options, "docs": split_docs, "seed": seed}, count, N)
         except DataError as exc:  # what check_arguments cannot foresee, still before anything is made
             raise ConfigError(f"curriculum stage {k} ({count} segment(s) of {N}): {exc}") from None
-        stage = [*overrides, f"data.path={data}", f"train.steps={steps}"]
+        stage = [*stage_overrides(base.model.arch, count), *overrides, f"data.path={data}",
+                 f"train.steps={rule.steps}", f"train.eval_every={rule.check_every}",
+                 f"train.save_every={rule.check_every}"]
         if k:
             stage.append(f"train.init_from={stages[-1][2]}")
         stages.append((count, data, run_dir, options, load_config(config, stage)))
 
-    runs = []
+    runs, records = [], []
     for k, (count, data, run_dir, options, cfg) in enumerate(stages):
-        previous = runs[-1] if runs else None
-        if finished(run_dir, steps):
-            print(f"curriculum: stage {k} ({count} segment(s) of {N}) finished earlier: {run_dir}", flush=True)
-            runs.append(run_dir)
-            continue
-        resume = (run_dir / "checkpoints").is_dir()
-        print(f"curriculum: stage {k}: {count} segment(s) of {N} tokens per sample, {steps} steps"
-              f"{', from ' + str(previous) if previous else ''}{' (resuming)' if resume else ''} -> {run_dir}",
-              flush=True)
-        heartbeat.said()
-        if not (data / "manifest.json").is_file():
-            heartbeat.phase(f"preparing stage {k}'s data ({options['docs']['train']:,} {task} samples of "
-                            f"{count * N} bytes) in {data}")
-            prepare("task", None, data, task=task, task_options=options, workers=1, progress=False)
-            heartbeat.phase(None)
-        else:
-            load_manifest(data)  # a broken corpus is one line here, not a failed stage
-        run(cfg, run_dir, resume=resume)
+        record = run_stage(k, count, data, run_dir, options, cfg, task=task, rule=rule,
+                           previous=runs[-1] if runs else None)
         runs.append(run_dir)
+        records.append({"stage": k, "segments": count, "run_dir": str(run_dir), **record})
+        out.mkdir(parents=True, exist_ok=True)
+        (out / SUMMARY_FILE).write_text(json.dumps({"task": task, "tgt_len": N, "segments": segments,
+                                                    "stages": records}, indent=1) + "\n")
     return runs
+
+
+def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg, *, task: str, rule: StopRule,
+              previous: Path | None) -> dict:
+    """One stage: its data (prepared once, read back and described), its training to the stop, its record."""
+    from memlm.data_pipeline.prepare import prepare
+    from memlm.data_pipeline.shards import load_manifest
+    from memlm.trainer.checkpoint.store import read_latest, step_of
+    from memlm.trainer.runtime import heartbeat
+
+    from .curriculum_samples import describe, read_split, summary_line
+    from .curriculum_stop import StageCheck, stage_record
+    from .preemption import Preempted
+    from .train import run
+
+    N, label = cfg.model.tgt_len, f"stage {k} ({count} segment(s) of {cfg.model.tgt_len})"
+    done = finished(run_dir, rule)
+    if done is not None:
+        print(f"curriculum: {label} finished earlier at step {done['step']:,} ({done['stop']}): {run_dir}",
+              flush=True)
+        return done
+    resume = (run_dir / "checkpoints").is_dir()
+    print(f"curriculum: {label}: samples of {options['length']:,} bytes, {describe_step(cfg, count)}; ends when "
+          f"learned (held-out accuracy >= {100 * rule.target:g}%)"
+          f"{'' if rule.fixed else ', on a plateau'} or at {rule.steps:,} steps"
+          f"{', from ' + str(previous) if previous else ''}{' (resuming)' if resume else ''} -> {run_dir}",
+          flush=True)
+    heartbeat.said()
+    if not (data / "manifest.json").is_file():
+        heartbeat.phase(f"preparing stage {k}'s data ({options['docs']['train']:,} {task} samples of "
+                        f"{options['length']:,} bytes) in {data}")
+        prepare("task", None, data, task=task, task_options=options, workers=1, progress=False)
+        heartbeat.phase(None)
+    manifest = load_manifest(data)  # a broken corpus is one line here, not a failed stage
+    made_with = manifest.get("corpus", {}).get("options")
+    if made_with is not None and made_with != json.loads(json.dumps(options)):
+        changed = sorted(key for key in set(made_with) | set(options) if made_with.get(key) != options.get(key))
+        raise ConfigError(f"{data} was prepared with other task options ({', '.join(changed)}): remove it, or give "
+                          "another --out")
+    summary = describe(task, read_split(data, "train"), N)
+    print(f"curriculum: {label} data: {summary_line(summary, count)}", flush=True)
+    check = StageCheck(rule, run_dir, read_split(data, "valid"), boundary_id=int(manifest["tokenizer"]["boundary_id"]),
+                       label=label)
+    tag = read_latest(run_dir / "checkpoints")
+    if tag is None or (step_of(tag) < rule.steps and stage_record(rule, run_dir, step_of(tag))["stop"] == "budget"):
+        try:  # else it ended at its checkpoint before it was recorded
+            run(cfg, run_dir, resume=resume, stop_when=check)
+        except Preempted:  # its message says `--resume`, which this command does without being asked
+            last = read_latest(run_dir / "checkpoints")
+            where = f"; its last checkpoint is {run_dir / 'checkpoints' / last}" if last else ""
+            raise Preempted(f"curriculum {label} stopped by SIGTERM{where}: rerun the same command to continue "
+                            "from there") from None
+    step = step_of(read_latest(run_dir / "checkpoints"))
+    record = {"task": task, "segments": count, "tgt_len": N, "length": options["length"],
+              **stage_record(rule, run_dir, step), "data": summary}
+    (run_dir / STAGE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"curriculum: {label} ended at step {step:,} ({record['stop']}): {record['reason']}", flush=True)
+    return record

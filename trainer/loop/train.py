@@ -55,7 +55,8 @@ class TrainingStopped(ResumeError):
 
 
 def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard: bool = False,
-        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None, overwrite: bool = False) -> Path:
+        stop_at: int | None = None, reporter: Callable[[dict], None] | None = None, overwrite: bool = False,
+        stop_when: Callable[["Trainer", dict], str | None] | None = None) -> Path:
     """Train `cfg` (a validated RunConfig) into run folder `out`; returns the run folder.
 
     A folder that already holds a run is refused unless `resume` (continue it) or `overwrite` (delete it first):
@@ -66,19 +67,24 @@ def run(cfg, out: str | os.PathLike | None = None, resume: bool = False, reshard
     train.steps, so `--resume` continues the same trajectory).
     reporter: called on rank 0 with every metrics row (the metrics.jsonl line) and, after each validation pass,
     with {"step", "valid_nll", "valid_ppl", "valid_bpc"}; a Ray Tune trial forwards them to tune.report.
+    stop_when: early stopping, asked after each validation pass (train.eval_every) with the trainer and that pass's
+    figures (as the reporter gets them): a reason (a non-empty string) ends training at this step as reaching
+    train.steps would (a checkpoint, the MLflow run FINISHED), said in one line. Every rank asks it and must get the
+    same answer (`memlm curriculum`: one rank; its held-out answer accuracy, trainer/loop/curriculum_stop.py).
     """
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     try:
         with disk_full.full_disk_is_one_line(run_dir):  # anywhere: one line naming the file and the last checkpoint
             return open_trainer(cfg, run_dir, resume=resume, reshard=reshard, overwrite=overwrite,
-                                reporter=reporter).fit(stop_at)
+                                reporter=reporter, stop_when=stop_when).fit(stop_at)
     finally:  # also when the start was refused
         heartbeat.stop()
         run_lock.release(run_dir)  # claim() took it
 
 
 def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = False, reshard: bool = False,
-                 overwrite: bool = False, reporter: Callable[[dict], None] | None = None) -> "Trainer":
+                 overwrite: bool = False, reporter: Callable[[dict], None] | None = None,
+                 stop_when: Callable[["Trainer", dict], str | None] | None = None) -> "Trainer":
     """Everything `run` does before training, for callers that step the trainer themselves (benchmarks): the data
     and the checkpoint to resume from checked, the run folder claimed, this process set up. Then `build()` and
     `train_step()`, or `fit()`."""
@@ -105,7 +111,8 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
         verify_folder(ckpt_dir / tag)
     if tag is None and resume and info.rank == 0 and run_folder.existing_run(run_dir):
         print(f"memlm train: no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
-    trainer = Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard)
+    trainer = Trainer(cfg, run_dir, info, meta, manifest, reporter, resume_tag=tag, reshard=reshard,
+                      stop_when=stop_when)
     trainer.config_changes = changes
     return trainer
 
@@ -176,9 +183,10 @@ class Trainer:
 
     def __init__(self, cfg, run_dir: Path, info, meta: dict, manifest: dict,
                  reporter: Callable[[dict], None] | None = None, resume_tag: str | None = None,
-                 reshard: bool = False):
+                 reshard: bool = False, stop_when: Callable[["Trainer", dict], str | None] | None = None):
         self.cfg, self.run_dir, self.info, self.meta, self.manifest = cfg, run_dir, info, meta, manifest
         self.reporter = reporter if info.rank == 0 else None
+        self.stop_when = stop_when  # early stopping after a validation pass (run's docstring)
         self.rank = info.rank
         self.resume_tag, self.reshard = resume_tag, reshard
         self.ckpt_dir = run_dir / "checkpoints"
@@ -499,7 +507,12 @@ class Trainer:
             # A validation due at this step runs even when stopping: a resume continues after the step and would
             # never run it (the grace period must cover it; train.eval_batches bounds it).
             if cfg.eval_every and self.step % cfg.eval_every == 0:
-                self._evaluate(tracker)
+                valid = self._evaluate(tracker)
+                reason = self.stop_when(self, {"step": self.step, **valid}) if self.stop_when is not None else None
+                if reason and self.step < end and not stop:
+                    # Ends here as train.steps would: this step's checkpoint below, the run FINISHED.
+                    self._say(f"stopping at step {self.step} of {end}: {reason}")
+                    end = self.step
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == end or stop:
                 self._save_unless_skipped(progress)
             if stop:
@@ -545,7 +558,7 @@ class Trainer:
                     tracker.log_artifact(self.run_dir / name)
         return tracker
 
-    def _evaluate(self, tracker) -> None:
+    def _evaluate(self, tracker) -> dict:
         import torch
 
         from memlm.trainer.inference.evaluate import evaluate
@@ -567,6 +580,7 @@ class Trainer:
         tracker.log_metrics(self.step, valid)
         if self.reporter is not None:
             self.reporter({"step": self.step, **valid})
+        return valid
 
 
 def peak_memory_mb(device) -> float:

@@ -1,9 +1,12 @@
-"""`train.init_from` (a run's weights start another run) and `memlm curriculum` (stages over growing sample lengths,
-each from the previous stage's weights): real training, real task corpora."""
+"""`train.init_from` (a run's weights start another run), the trainer's early stop (`stop_when`) and `memlm curriculum`
+(stages over samples spanning more and more segments, each from the previous stage's weights, each ended by its
+held-out answers): real training, real task corpora. The stop rule and the stage samples' measures are checked
+against rows and references written here."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +61,119 @@ def test_weights_of_another_model_are_one_line(data, tmp_path, capsys):
     assert rc == 2 and "has no checkpoint" in capsys.readouterr().err
 
 
+def test_stop_when_ends_a_run_at_that_step_as_its_last(data, tmp_path):
+    """The trainer's early stop: asked after every validation pass with that pass's figures; a reason ends the run
+    there with a checkpoint and a FINISHED run, as train.steps would."""
+    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.loop.train import run
+
+    asked = []
+
+    def stop_when(trainer, valid):
+        asked.append((valid["step"], trainer.step, "valid_nll" in valid))
+        return "enough" if valid["step"] >= 4 else None
+
+    out = tmp_path / "run"
+    cfg = load_config("tiny/txl", [f"data.path={data}", "train.steps=10", "train.eval_every=2", "train.log_every=1",
+                                   "train.save_every=0", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    run(cfg, out, stop_when=stop_when)
+    assert asked == [(2, 2, True), (4, 4, True)]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 4 and (out / "checkpoints" / "latest").read_text().strip() == "global_step4"
+    assert (out / "mlflow_run_status").read_text().strip() == "FINISHED"
+
+
+def rows(*values) -> list[dict]:
+    """Check rows every 250 steps from (accuracy, answer loss) pairs."""
+    return [{"step": 250 * (i + 1), "accuracy": a, "answer_nll": n} for i, (a, n) in enumerate(values)]
+
+
+def first_stop(rule, checks: list[dict]) -> tuple[int, str] | None:
+    """The step at which a stage with these checks ends, and why (the checks arriving one by one)."""
+    from memlm.trainer.loop.curriculum_stop import decide
+
+    for i in range(1, len(checks) + 1):
+        decision = decide(rule, checks[:i])
+        if decision:
+            return checks[i - 1]["step"], decision[0]
+    return None
+
+
+def test_stop_rule_learned_plateau_and_the_late_jump():
+    from memlm.trainer.loop.curriculum_stop import StopRule, decide
+
+    rule = StopRule(steps=3000, check_every=250, target=0.99, patience=3, min_steps=1000, min_gain=0.02)
+    assert decide(rule, rows((0.0, 2.3), (0.995, 0.01)))[0] == "learned"
+    flat = rows(*[(0.1, 2.0)] * 4)  # nothing moves after the first check
+    assert decide(rule, flat[:3]) is None  # 2 checks without a gain, and step 750 < min_steps
+    kind, reason = decide(rule, flat)  # step 1,000: 3 checks without a gain
+    assert kind == "plateau" and "no gain in 3 checks (750 steps)" in reason and "10.0% at step 250" in reason
+    late = StopRule(steps=3000, check_every=250, patience=2, min_steps=1500)
+    assert decide(late, flat) is None  # patience is spent, but no plateau before min_steps
+    # The run-up to a late jump: accuracy flat at 0, the loss falling 1.5% a check. Against the loss at the last gain
+    # that is a gain every second check, so the stage goes on.
+    assert first_stop(rule, rows(*[(0.0, 2.3 * 0.985 ** i) for i in range(12)])) is None
+    # The same loss falling 0.5% a check is a plateau: a 2% fall takes 5 checks.
+    assert first_stop(rule, rows(*[(0.0, 2.3 * 0.995 ** i) for i in range(12)])) == (1000, "plateau")
+    # Accuracy creeping up by 2 points a check is a gain each time, until it is learned.
+    assert first_stop(rule, rows(*[(0.02 * i, 2.0) for i in range(60)])) == (250 * 51, "learned")
+    fixed = StopRule(steps=3000, check_every=250, fixed=True)
+    assert decide(fixed, rows((1.0, 0.0))) is None and decide(fixed, flat) is None
+
+
+def test_a_resumed_stage_reads_its_checks_before_its_step(tmp_path):
+    from memlm.trainer.loop.curriculum_stop import CHECKS, StageCheck, StopRule
+
+    (tmp_path / CHECKS).write_text("".join(json.dumps(r) + "\n" for r in rows((0.1, 2.0), (0.2, 1.9), (0.3, 1.8))))
+    check = StageCheck(StopRule(), tmp_path, [], boundary_id=10, label="stage 0")
+    assert [r["step"] for r in check.history(750)] == [250, 500]  # the row at 750 came after the checkpoint
+    assert [r["step"] for r in check.history(1000)] == [250, 500, 750]
+
+
+def reference_passkey_apart(text: str, tgt_len: int) -> int:
+    """Written here: the passkey's last number, read as input at byte index + 1, against the answer's first byte."""
+    prompt, _, answer = text.rpartition(">")
+    last = [m.start() for m in re.finditer(r"\d+", prompt) if m.group() == answer][-1]
+    return (len(prompt) + 1) // tgt_len - (last + 1) // tgt_len + 1
+
+
+def reference_qa1_apart(text: str, tgt_len: int) -> int:
+    """Written here: the asked person's last move ("<name> <verb> to the <place>.") must name the answer."""
+    prompt, _, answer = text.rpartition(">")
+    name = re.search(r"Where is (\w+)\?$", prompt).group(1)
+    moves = list(re.finditer(rf"(?<![A-Za-z]){name} (?:went back|went|moved|journeyed|travelled) to the (\w+)\.",
+                             prompt))
+    assert moves[-1].group(1) == answer
+    return (len(prompt) + 1) // tgt_len - (moves[-1].start() + 1) // tgt_len + 1
+
+
+@pytest.mark.parametrize("task,options,reference", [
+    ("passkey", {}, reference_passkey_apart),
+    ("qa1", {"facts": 2, "background": str(WIKITEXT2)}, reference_qa1_apart)])
+def test_stage_samples_span_their_segments_with_the_fact_in_the_first(task, options, reference):
+    """Every S-segment stage sample is S x tgt_len bytes, the whole story in one segment at S = 1 and S segments
+    from fact to answer beyond; the stage's own measure agrees with the references above on every sample."""
+    import numpy as np
+
+    from memlm.data_pipeline.tasks import generate
+    from memlm.trainer.loop.curriculum_samples import describe, stage_options
+
+    N = 128
+    for S in (1, 2, 4, 8):
+        o = stage_options(task, {**options, "docs": "200,1,1", "seed": 3}, S, N)
+        texts = [s.text for s in generate(task, "train", o)]
+        assert {len(t) for t in texts} == {S * N}
+        assert {reference(t, N) for t in texts} == {S}
+        samples = [(np.frombuffer(t.encode(), dtype=np.uint8).astype(np.int64), len(t.rpartition(">")[2]))
+                   for t in texts]
+        summary = describe(task, samples, N)
+        assert summary["segments"] == {str(S): 200} and summary["fact_segments_apart"] == {str(S): 200}
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_curriculum_stages_grow_and_start_from_the_previous_stage(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the stages track to the default ./mlflow.db: here, never in the checkout
     import memlm.trainer.loop.train as train_module
@@ -68,34 +184,87 @@ def test_curriculum_stages_grow_and_start_from_the_previous_stage(tmp_path, caps
     monkeypatch.setattr(train_module, "load_initial_weights",
                         lambda model, run_dir: started_from.append(Path(run_dir)) or real(model, run_dir))
     out = tmp_path / "cur"
-    command = ["curriculum", "tiny/armt", "train.eval_every=0", "train.warmup_steps=0", "--task", "qa1",
-               "--background", str(WIKITEXT2), "--segments", "8,16", "--steps", "3", "--docs", "20,3,3",
-               "--out", str(out)]
+    # qa1 with one fact: 64 bytes, one segment of 64 at stage 0, 2 segments at stage 1.
+    command = ["curriculum", "tiny/armt", "model.tgt_len=64", "train.warmup_steps=0", "--task", "qa1",
+               "--background", str(WIKITEXT2), "--task-option", "facts=1", "--segments", "1,2", "--steps", "4",
+               "--check-every", "2", "--check-samples", "3", "--docs", "20,3,3", "--out", str(out)]
     assert main(command) == 0
-    stages = [out / "stage0-8seg", out / "stage1-16seg"]
+    printed = capsys.readouterr().out
+    stages = [out / "stage0-1seg", out / "stage1-2seg"]
     assert started_from == [stages[0]]  # stage 1 started from stage 0's weights; stage 0 from scratch
-    for stage, count in zip(stages, (8, 16)):
-        assert json.loads((stage / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    summary = json.loads((out / "curriculum.json").read_text())
+    for k, (stage, count) in enumerate(zip(stages, (1, 2))):
+        assert read_rows(stage / "metrics.jsonl")[-1]["step"] == 4
         manifest = json.loads((out / "data" / f"qa1-{count}seg" / "manifest.json").read_text())
-        assert manifest["corpus"]["options"]["length"] == count * 8  # segments x tgt_len tokens per sample
-    capsys.readouterr()
+        assert manifest["corpus"]["options"]["length"] == count * 64  # segments x tgt_len bytes per sample
+        checks = read_rows(stage / "curriculum_checks.jsonl")
+        assert [c["step"] for c in checks] == [2, 4] and all(c["samples"] == 3 for c in checks)
+        record = json.loads((stage / "curriculum_stage.json").read_text())
+        assert record["stop"] == "budget" and record["step"] == 4 and record["segments"] == count
+        assert record["data"]["segments"] == {str(count): 20} and record["data"]["fact_segments_apart"] == {
+            str(count): 20}
+        assert summary["stages"][k]["stop"] == "budget"
+        # A whole sample per lane each step: ARMT backpropagates through all of its segments (chunk mode).
+        model = json.loads(json.dumps(__import__("yaml").safe_load((stage / "config.yaml").read_text())))
+        assert (model["model"]["bptt_mode"], model["model"]["bptt_depth"], model["train"]["grad_accum"],
+                model["train"]["schedule"]) == ("chunk", count - 1, 1, "constant")
+    assert "ended at step 4 (budget): the cap, --steps 4" in printed
+    assert ("20 samples of 128-128 bytes (median 128); 20 (100%) span 2 segment(s) of 64; fact and answer 2 "
+            "segment(s) apart in 20 (100%)") in printed
     # A rerun trains nothing again.
     assert main(command) == 0
     printed = capsys.readouterr().out
     assert printed.count("finished earlier") == 2 and started_from == [stages[0]]
 
 
+def test_a_stage_ends_when_learned_and_the_next_starts_from_there(tmp_path, capsys, monkeypatch):
+    """--target 0: every check is 'learned', so each stage ends at its first check with that checkpoint, a FINISHED
+    run and its reason on the console; --fixed-steps trains to the cap whatever the checks say."""
+    monkeypatch.chdir(tmp_path)
+    from memlm.cli import main
+
+    out = tmp_path / "cur"
+    base = ["curriculum", "tiny/txl", "model.tgt_len=96", "train.warmup_steps=0", "--task", "passkey", "--segments",
+            "1,2", "--steps", "6", "--check-every", "2", "--check-samples", "2", "--docs", "12,2,2"]
+    assert main([*base, "--target", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    for stage, count in ((out / "stage0-1seg", 1), (out / "stage1-2seg", 2)):
+        record = json.loads((stage / "curriculum_stage.json").read_text())
+        assert (record["stop"], record["step"], record["checks"]) == ("learned", 2, 1)
+        assert (stage / "checkpoints" / "latest").read_text().strip() == "global_step2"
+        assert (stage / "mlflow_run_status").read_text().strip() == "FINISHED"
+        config = __import__("yaml").safe_load((stage / "config.yaml").read_text())
+        assert config["train"]["grad_accum"] == count and config["train"]["schedule"] == "constant"
+    assert "ended at step 2 (learned): held-out accuracy" in printed.out
+    assert "stopping at step 2 of 6" in printed.err
+    fixed = tmp_path / "fixed"
+    assert main([*base, "--segments", "1", "--target", "0", "--fixed-steps", "--out", str(fixed)]) == 0
+    record = json.loads((fixed / "stage0-1seg" / "curriculum_stage.json").read_text())
+    assert (record["stop"], record["step"], record["checks"]) == ("budget", 6, 3)
+
+
 @pytest.mark.parametrize("argv,named", [
-    # the README's line before issue 32: tiny/armt's tgt_len 8 makes a 16-byte first stage
+    # the README's line before issue 32: tiny/armt's tgt_len 8 makes a 16-byte first stage; passkey needs 91
     (["tiny/armt", "--task", "passkey", "--segments", "2,4,8", "--steps", "500"],
-     ["--segments 2 x model.tgt_len 8, is 16", "start --segments at 8", "model.tgt_len=32"]),
+     ["--segments 2 x model.tgt_len 8, is 16", "at least 91 bytes", "start --segments at 12", "model.tgt_len=46"]),
+    (["tiny/armt", "model.tgt_len=128", "--task", "qa1", "--background", str(WIKITEXT2), "--task-option", "facts=3"],
+     ["at least 132 bytes (3 facts and the question)", "model.tgt_len=132", "--task-option facts=N"]),
     (["tiny/armt", "--task", "qa1", "--segments", "8"], ["--background WIKITEXT_DIR"]),
     (["tiny/armt", "--task", "qa1", "--segments", "8", "--background", "{tmp}/nowhere"],
      ["--background {tmp}/nowhere: no wiki.train.tokens"]),
-    (["tiny/armt", "--task", "passkey", "--segments", "8", "--background", str(WIKITEXT2)], ["takes no --background"]),
-    (["tiny/armt", "--task", "passkey", "--segments", "8", "--docs", "10,0,1"], ["--docs '10,0,1'"]),
-    (["tiny/armt", "--task", "passkey", "--segments", "8", "--docs", "many"], ["--docs 'many'"]),
-    (["tiny/armt", "--task", "passkey", "--segments", "8", "--steps", "0"], ["--steps must be >= 1"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--background", str(WIKITEXT2)],
+     ["takes no --background"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--docs", "10,0,1"], ["--docs '10,0,1'"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--docs", "many"], ["--docs 'many'"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--steps", "0"], ["--steps must be >= 1"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--steps", "1000", "--check-every", "300"],
+     ["--check-every 300 must divide --steps 1000", "e.g. --check-every 250"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--patience", "0"], ["--patience must be >= 1"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--target", "99"], ["--target is a held-out accuracy"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--task-option", "length=5"],
+     ["--task-option 'length=5'", "--segments and model.tgt_len"]),
+    (["tiny/armt", "--task", "passkey", "--segments", "12", "--task-option", "colour=red"],
+     ["has no option 'colour'"]),
 ])
 def test_refusals_name_curriculums_own_options_and_leave_nothing(argv, named, tmp_path, capsys):
     """Issue 32: the task's own check said `passkey: --task-length (the sample's bytes) must be >= 64, got 16`, an
