@@ -328,16 +328,19 @@ def _add_curriculum(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--segments", default="1,2,4,8", metavar="S,S,...",
                    help="segments of model.tgt_len bytes per sample at each stage, increasing (default 1,2,4,8: "
                         "the first holds fact and question in one segment)")
-    p.add_argument("--steps", type=int, default=3000, help="the cap on each stage's optimizer steps (default 3000)")
+    p.add_argument("--steps", default="3000", metavar="N|N,N,...",
+                   help="the cap on a stage's optimizer steps, for every stage or one per stage (default 3000)")
     p.add_argument("--check-every", type=int, default=250, metavar="K",
-                   help="steps between held-out checks (default 250, or --steps if fewer; must divide --steps)")
+                   help="steps between held-out checks (default 250, or a stage's cap if fewer; must divide the caps)")
     p.add_argument("--check-samples", type=int, default=200, metavar="N",
                    help="held-out samples per check, from the stage's valid split (default 200)")
     p.add_argument("--target", type=float, default=0.99,
                    help="held-out exact-match accuracy that ends a stage as learned (default 0.99)")
     p.add_argument("--patience", type=int, default=4,
                    help="checks in a row without a gain that end a stage as plateaued (default 4)")
-    p.add_argument("--min-steps", type=int, default=1000, help="no plateau stop before this step (default 1000)")
+    p.add_argument("--min-steps", default="1000", metavar="N|N,N,...",
+                   help="no plateau stop before this step, for every stage or one per stage (default 1000; a stage's "
+                        "cap: never a plateau there, as for a first stage that every model must learn)")
     p.add_argument("--min-gain", type=float, default=0.02,
                    help="a gain: accuracy up by this much or answer loss down by this fraction (default 0.02)")
     p.add_argument("--fixed-steps", action="store_true",
@@ -352,7 +355,7 @@ def _run_curriculum(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from memlm.models.config import ConfigError
-    from memlm.trainer.loop.curriculum import parse_segments, run_curriculum
+    from memlm.trainer.loop.curriculum import parse_segments, per_stage, run_curriculum
     from memlm.trainer.loop.curriculum_stop import StopRule
 
     options = {"background": args.background} if args.background else {}
@@ -362,11 +365,15 @@ def _run_curriculum(args: argparse.Namespace) -> int:
             raise ConfigError(f"--task-option {item!r}: give KEY=VALUE for an option other than length (--segments "
                               "and model.tgt_len), docs (--docs), seed (--seed) and background (--background)")
         options[key] = value
-    every = min(args.check_every, args.steps) if args.steps >= 1 else args.check_every  # a short cap: check there
-    rule = StopRule(steps=args.steps, check_every=every, samples=args.check_samples, target=args.target,
-                    patience=args.patience, min_steps=args.min_steps, min_gain=args.min_gain, fixed=args.fixed_steps)
+    segments = parse_segments(args.segments)
+    caps, firsts = (per_stage(flag, text, len(segments)) for flag, text in (("--steps", args.steps),
+                                                                             ("--min-steps", args.min_steps)))
+    rules = [StopRule(steps=cap, check_every=min(args.check_every, cap) if cap >= 1 else args.check_every,
+                      samples=args.check_samples, target=args.target, patience=args.patience, min_steps=first,
+                      min_gain=args.min_gain, fixed=args.fixed_steps)
+             for cap, first in zip(caps, firsts)]  # a cap below --check-every: checked at the cap
     runs = run_curriculum(args.config, args.overrides, out=Path(args.out), task=args.task, task_options=options,
-                          segments=parse_segments(args.segments), rule=rule, docs=args.docs, seed=args.seed)
+                          segments=segments, rules=rules, docs=args.docs, seed=args.seed)
     print(f"curriculum: {len(runs)} stage(s) trained; the last one: {runs[-1]}")
     return 0
 

@@ -1,22 +1,27 @@
-"""Long-context accuracy: Transformer-XL, LaMemo, RMT and ARMT trained at short lengths on passkey and BABILong-style
-QA1, tested up to 32x the longest trained length.
+"""What memory does on long-context tasks: exact-match accuracy of every memory design and the no-memory baseline on
+passkey and BABILong-style qa1, by segments between the fact and the question, beside what readers that do not
+learn score on the same samples.
 
     .venv/bin/python bench/reproduce/longctx.py                   # cpu -> bench/results/reproduce_longctx_cpu.json
-    .venv/bin/python bench/reproduce/longctx.py --profile gpu     # a GPU: wider model, longer curriculum
+    .venv/bin/python bench/reproduce/longctx.py --profile gpu     # one GPU, about 8 minutes (not yet run)
     .venv/bin/python bench/reproduce/longctx.py --profile smoke   # seconds (CI): the pipeline, never the quality
 
-Every (arch, task) is trained with `memlm curriculum` (configs/reproduce/longctx.yaml; segments per sample grow
-stage by stage, each stage from the previous one's weights, the BABILong / ARMT recipe), at equal steps and equal
-tokens: the archs differ only in their memory keys (ARCHS). Then `memlm longeval` scores every final stage on
-fresh test samples at lengths from the longest trained one up to 32x it, over depth windows (where in the
-background the facts are), one Ray task per (run, length). BABILong-style: the QA background is WikiText-2 (bytes),
-not PG-19. The JSON holds every run's accuracy by length and depth; the figures are the longeval heatmaps and an
-accuracy-against-length plot per task. A finished stage or evaluation is not redone: rerunning continues.
+Every (arch, task) is trained with `memlm curriculum` (configs/reproduce/longctx.yaml; the archs differ only in their
+memory keys, ARCHS): stage 1 holds fact and question in one segment, where every model, the no-memory one included,
+must learn the task; then 2, 4, 8 segments, the fact always in the first, each stage from the previous weights,
+B whole samples per step, a constant rate after warmup, and each stage ending on its held-out answers (learned, a
+plateau, or the cap: trainer/loop/curriculum_stop.py). Then bench/reproduce/longctx_eval.py scores each stage's
+model on the stage's own test split (fresh samples), bucketing every sample by its measured distance, with chance and
+the heuristics of trainer/inference/longeval_baselines.py on the same samples. BABILong-style: bAbI-like facts in
+WikiText-2 background, sizes in bytes, a smaller world than bAbI's and far smaller models than the papers': the
+numbers cannot be set beside published BABILong figures. A finished curriculum or evaluation is not redone:
+rerunning continues.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,106 +29,167 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
 
 from bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_result  # noqa: E402
+from bench.reproduce.children import CHILDREN  # noqa: E402
 from bench.reproduce.experiment import (  # noqa: E402
     FIGURES,
     ExperimentError,
     add_stop_options,
+    job_env,
     machine,
     memlm,
     read_json,
     run_experiment,
     run_queue,
+    save_figure,
     shown,
     supervise,
 )
 from bench.reproduce.progress import RUNS  # noqa: E402
 
 PRESET = ROOT / "configs" / "reproduce" / "longctx.yaml"
-# arch -> its memory keys on top of the preset (equal size otherwise: RMT / ARMT memory tokens = 8)
+# arch -> its memory keys on top of the preset (N = M = 128: Transformer-XL and LaMemo cache one segment; RMT and
+# ARMT 8 memory tokens; their BPTT is the curriculum's, through the whole sample).
 ARCHS = {
+    "transformer": ["model.arch=transformer", "model.mem_len=0"],
     "txl": ["model.arch=txl"],
     "lamemo": ["model.arch=lamemo"],
-    "rmt": ["model.arch=rmt", "model.mem_len=0", "model.num_mem_tokens=8", "model.bptt_depth=2"],
-    "armt": ["model.arch=armt", "model.mem_len=0", "model.num_mem_tokens=8", "model.bptt_depth=2",
-             "model.assoc_dim=16", "model.assoc_value_init_std=0.02"],
+    "rmt": ["model.arch=rmt", "model.mem_len=0", "model.num_mem_tokens=8"],
+    "armt": ["model.arch=armt", "model.mem_len=0", "model.num_mem_tokens=8", "model.assoc_dim=16",
+             "model.assoc_value_init_std=0.02"],
+    "compressive": ["model.arch=compressive", "model.compressed_len=128", "model.compression_rate=4"],
+    "infinite_former": ["model.arch=infinite_former", "model.ltm_basis=64", "model.ltm_samples=128",
+                        "model.ltm_sticky=true"],
 }
-TASKS = ("passkey", "qa1")
+LABELS = {"transformer": "no memory (Transformer+RPE)", "txl": "Transformer-XL (M = N)", "lamemo": "LaMemo (M = N)",
+          "rmt": "RMT (8 memory tokens)", "armt": "ARMT (8 memory tokens)",
+          "compressive": "Compressive (M = N, 128 compressed)", "infinite_former": "∞-former (M = N, 64 basis)"}
+BASELINE_LABELS = {"chance": "chance", "last_mentioned": "last place mentioned", "most_frequent": "most frequent place"}
+# task -> its curriculum options: qa1 with one distractor, so stage 1's segment of 128 bytes holds the whole story
+TASKS = {"passkey": [], "qa1": ["--background", str(WIKITEXT2), "--task-option", "facts=2"]}
 PROFILES = {
-    # About an hour on 2 cores: 3 stages of 3,000 steps (2, 4 and 8 segments of 64 bytes per sample: a passkey
-    # sentence and its question need about 90), then lengths 512 (the longest trained) .. 16k bytes
-    # (32x), 4 depth windows x 10 samples each.
-    "cpu": {"segments": "2,4,8", "steps": 3000, "docs": "4000,50,50", "lengths": "512,1k,2k,4k,8k,16k",
-            "depths": 4, "samples": 10, "overrides": []},
-    "gpu": {"segments": "1,2,4,8,16", "steps": 5000, "docs": "20000,200,200", "lengths": "1k,2k,4k,8k,16k,32k",
-            "depths": 5, "samples": 50, "overrides": [
-                "model.n_layer=4", "model.d_model=128", "model.d_head=32", "model.d_inner=512", "model.tgt_len=64",
-                "data.batch_size=32"]},
-    "smoke": {"segments": "2,4", "steps": 2, "docs": "16,4,4", "lengths": "256,512", "depths": 2, "samples": 2,
-              "overrides": ["train.warmup_steps=0", "train.log_every=1"]},
+    # About 75 minutes on 2 quiet cores, two curricula at a time: d 64, 2 layers, N = 128 bytes, 8 lanes; stages of
+    # 1, 2, 4 and 8 segments (128 to 1,024 bytes) capped at 3,000, 1,500, 1,500 and 750 steps (a step costs its
+    # segments; stage 0 is cheap and is where a late jump needs room, so it never ends on a plateau), a check every
+    # 250 steps on 100 held-out samples, a plateau after 3 checks without a gain from step 500 on; 200 test samples
+    # per stage.
+    "cpu": {"archs": "transformer,txl,lamemo,rmt,armt", "segments": "1,2,4,8", "steps": "3000,1500,1500,750",
+            "min_steps": "3000,500,500,500", "check_every": 250, "check_samples": 100, "patience": 3,
+            "docs": "4000,100,200", "overrides": []},
+    # One H100, about 8 minutes (an estimate from the CPU profile's step counts, not yet run): every arch, up to 16
+    # segments (2,048 bytes), d 128, 32 lanes, seven curricula at a time on the one GPU.
+    "gpu": {"archs": ",".join(ARCHS), "segments": "1,2,4,8,16", "steps": "3000,1500,1500,1000,1000",
+            "min_steps": "3000,500,500,500,500", "check_every": 250, "check_samples": 200, "patience": 3,
+            "docs": "20000,200,400", "jobs": 7,
+            "overrides": ["model.d_model=128", "model.d_head=32", "model.d_inner=512", "data.batch_size=32"]},
+    "smoke": {"archs": "transformer,armt", "segments": "1,2", "steps": "2", "min_steps": "0", "check_every": 2,
+              "check_samples": 2, "patience": 3, "docs": "16,2,4",
+              "overrides": ["data.batch_size=4", "train.warmup_steps=0", "train.log_every=1"]},
 }
 
 
 def one_run(arch: str, task: str, *, profile: str, work: Path, uri: str) -> dict:
-    """Train (arch, task) through the curriculum; returns where its last stage is."""
+    """Train (arch, task) through the curriculum and score its stages; returns the evaluation."""
     spec = PROFILES[profile]
     name = f"{arch}-{task}"
-    out, log = work / "runs" / name, work / "logs" / f"{name}.log"
-    last = out / f"stage{len(spec['segments'].split(',')) - 1}-{spec['segments'].split(',')[-1]}seg"
-    if (last / "checkpoints" / "latest").is_file():
+    out, log, result = work / "runs" / name, work / "logs" / f"{name}.log", work / "eval" / f"{name}.json"
+    if result.is_file():
         RUNS.skip(name)
-        return {"arch": arch, "task": task, "run_dir": last}
-    RUNS.start(name, f"curriculum over {spec['segments']} segments, {spec['steps']:,} steps per stage")
+        return {"arch": arch, "task": task, **read_json(result)}
+    RUNS.start(name, f"curriculum over {spec['segments']} segments, at most {spec['steps']} steps a stage, then "
+                     "the test samples of every stage")
     overrides = spec["overrides"] + ARCHS[arch] + [f"tracking.uri={uri}", "tracking.experiment=memlm-reproduce-longctx"]
-    background = ["--background", str(WIKITEXT2)] if task.startswith("qa") else []
-    seconds = memlm(["curriculum", str(PRESET), *overrides, "--task", task, *background, "--segments",
-                     spec["segments"], "--steps", str(spec["steps"]), "--docs", spec["docs"], "--out", str(out)],
-                    log, name=name)
-    RUNS.finish(name, f"trained in {seconds / 60:.1f} min, load {load_average()[0]}")
-    return {"arch": arch, "task": task, "run_dir": last, "train_seconds": round(seconds, 1)}
+    seconds = memlm(["curriculum", str(PRESET), *overrides, "--task", task, *TASKS[task], "--segments",
+                     spec["segments"], "--steps", spec["steps"], "--check-every", str(spec["check_every"]),
+                     "--check-samples", str(spec["check_samples"]), "--patience", str(spec["patience"]),
+                     "--min-steps", spec["min_steps"], "--docs", spec["docs"], "--out", str(out)], log, name=name)
+    with open(log, "a") as handle:
+        command = [sys.executable, str(Path(__file__).with_name("longctx_eval.py")), str(out), "--json", str(result)]
+        handle.write(f"$ {' '.join(command)}\n")
+        handle.flush()
+        code = CHILDREN.run(command, stdout=handle, cwd=ROOT, env=job_env(1), name=name, what="eval")
+    if code:
+        raise ExperimentError(f"the evaluation of {out} failed with exit {code} (log: {log})")
+    evaluated = read_json(result)
+    evaluated["train_seconds"] = round(seconds, 1)
+    result.write_text(json.dumps(evaluated, indent=1) + "\n")
+    own = ", ".join(f"{row['segments']}: {100 * row['own']['accuracy']:.0f}%" for row in evaluated["stages"])
+    RUNS.finish(name, f"trained in {seconds / 60:.1f} min (load {load_average()[0]}); accuracy by segments {own}")
+    return {"arch": arch, "task": task, **evaluated}
 
 
-def evaluate(task: str, runs: list[dict], *, profile: str, work: Path, uri: str, cpus: int) -> dict:
-    spec = PROFILES[profile]
-    out = work / f"longeval-{task}"
-    name = f"longeval-{task}"
-    RUNS.start(name, f"{len(runs)} runs at lengths {spec['lengths']}")
-    background = ["--background", str(WIKITEXT2)] if task.startswith("qa") else []
-    memlm(["longeval", *[str(r["run_dir"]) for r in runs], "--task", task, *background, "--lengths",
-           spec["lengths"], "--depths", str(spec["depths"]), "--samples", str(spec["samples"]), "--out", str(out),
-           "--uri", uri, "--experiment", "memlm-reproduce-longctx-eval", "--num-cpus", str(cpus)],
-          work / "logs" / f"{name}.log", threads=cpus, name=name)
-    RUNS.finish(name, "evaluated")
-    return read_json(out / "summary.json")
+def table(task: str, runs: list[dict], which: str = "own") -> list[str]:
+    """Markdown: accuracy (%) by segments from fact to question, a row per arch, then the baselines."""
+    segments = [row["segments"] for row in runs[0]["stages"]]
+    lines = ["| " + ("model after the stage" if which == "own" else "the last stage's model") + " | "
+             + " | ".join(f"{s} seg." for s in segments) + " |", "|---|" + "---|" * len(segments)]
+    for run in runs:
+        cells = [f"{100 * row[which]['accuracy']:.0f}" for row in run["stages"]]
+        lines.append(f"| {LABELS[run['arch']]} | " + " | ".join(cells) + " |")
+    baselines = runs[0]["stages"]
+    for name, label in BASELINE_LABELS.items():
+        if name in baselines[0]["baselines"]:
+            value = [row["baselines"][name] for row in baselines]
+            lines.append(f"| *{label}* | " + " | ".join(f"*{100 * v:.{3 if v < 0.01 else 0}f}*" for v in value) + " |")
+    return lines
 
 
-def markdown(results: dict[str, dict]) -> str:
+def stops(runs: list[dict]) -> list[str]:
+    """Markdown: how each stage ended (learned / plateau / budget) and at which step."""
+    segments = [row["segments"] for row in runs[0]["stages"]]
+    lines = ["| stage ended | " + " | ".join(f"{s} seg." for s in segments) + " |", "|---|" + "---|" * len(segments)]
+    for run in runs:
+        lines.append(f"| {LABELS[run['arch']]} | " + " | ".join(f"{row['stop']} @ {row['stop_step']:,}"
+                                                               for row in run["stages"]) + " |")
+    return lines
+
+
+def markdown(results: dict[str, list[dict]]) -> str:
     lines = []
-    for task, summary in results.items():
-        lengths = summary["lengths"]
-        lines.append(f"{task}: answer accuracy (%) by sample length in tokens, all depths "
-                     f"({summary['depths']} windows x {summary['samples_per_depth']} samples each)")
-        lines.append("| arch | " + " | ".join(str(n) for n in lengths) + " |")
-        lines.append("|---|" + "---|" * len(lengths))
-        for run in summary["runs"].values():
-            acc = {r["length"]: r["accuracy"] for r in run["results"]}
-            lines.append(f"| {run['arch']} | " + " | ".join(f"{100 * acc[n]:.0f}" if n in acc else "-"
-                                                          for n in lengths) + " |")
-        lines.append("")
+    for task, runs in results.items():
+        samples = runs[0]["stages"][0]["own"]["samples"]
+        lines += [f"{task}: exact-match accuracy (%) by segments from fact to question ({samples} test samples a "
+                  "stage; baselines in italics, on the same samples)", "", *table(task, runs), "", *stops(runs), ""]
     return "\n".join(lines)
+
+
+def plot(task: str, runs: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    segments = [row["segments"] for row in runs[0]["stages"]]
+    for run in runs:
+        ax.plot(segments, [100 * row["own"]["accuracy"] for row in run["stages"]], marker="o",
+                label=LABELS[run["arch"]])
+    for (name, label), style in zip(BASELINE_LABELS.items(), (":", "--", "-.")):
+        if name in runs[0]["stages"][0]["baselines"]:
+            ax.plot(segments, [100 * row["baselines"][name] for row in runs[0]["stages"]], linestyle=style,
+                    color="grey", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(segments, [str(s) for s in segments])
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("segments from fact to question (both counted)")
+    ax.set_ylabel("exact-match accuracy (%)")
+    ax.set_title(f"{task}: each stage's model on its own test samples")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--work", type=Path, help="runs, data and logs (default runs/reproduce/longctx-PROFILE)")
-    parser.add_argument("--jobs", type=int, default=2, help="trainings at a time, one thread each (default 2)")
-    parser.add_argument("--archs", default=",".join(ARCHS), help="comma-separated subset of: " + ", ".join(ARCHS))
+    parser.add_argument("--jobs", type=int, help="curricula at a time, one thread each (default 2; gpu 7)")
+    parser.add_argument("--archs", help="comma-separated subset of: " + ", ".join(ARCHS) + " (default: the profile's)")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of: " + ", ".join(TASKS))
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/reproduce_longctx_PROFILE.json)")
     add_stop_options(parser)
     args = parser.parse_args(argv)
     supervise(args)
-    archs, tasks = args.archs.split(","), args.tasks.split(",")
+    spec = PROFILES[args.profile]
+    archs, tasks = (args.archs or spec["archs"]).split(","), args.tasks.split(",")
     for given, known, flag in ((archs, ARCHS, "--archs"), (tasks, TASKS, "--tasks")):
         if set(given) - set(known):
             parser.error(f"{flag}: unknown {', '.join(sorted(set(given) - set(known)))}; valid: {', '.join(known)}")
@@ -133,30 +199,26 @@ def main(argv: list[str] | None = None) -> int:
     started, load_start = time.time(), load_average()
     try:
         jobs = [lambda a=a, t=t: one_run(a, t, profile=args.profile, work=work, uri=uri) for t in tasks for a in archs]
-        RUNS.plan(len(jobs) + len(tasks))
-        trained = run_queue(jobs, args.jobs)
-        results = {task: evaluate(task, [r for r in trained if r["task"] == task], profile=args.profile, work=work,
-                                  uri=uri, cpus=args.jobs) for task in tasks}
+        RUNS.plan(len(jobs))
+        done = run_queue(jobs, args.jobs or spec.get("jobs", 2))
     except ExperimentError as err:
         print(f"longctx: error: {err}", file=sys.stderr)
         return 1
+    results = {task: [r for r in done if r["task"] == task] for task in tasks}
     results_dir, figures = (work, work) if args.profile == "smoke" else (RESULTS, FIGURES)
     out = args.out or results_dir / f"reproduce_longctx_{args.profile}.json"
     shown_figures = {}
-    for task in tasks:  # longeval's plots, copied beside the other experiments' figures
-        source = work / f"longeval-{task}"
-        for path in [source / "accuracy.png", *sorted(source.glob("*/heatmap.png"))]:
-            target = figures / f"{out.stem}_{task}_{path.parent.name if path.name == 'heatmap.png' else 'accuracy'}.png"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
-            shown_figures[target.stem] = shown(target)
-    write_result(out, {"experiment": "longctx", "profile": args.profile, "machine": machine(),
+    for task, runs in results.items():
+        path = plot(task, runs, figures / f"{out.stem}_{task}.png")
+        shown_figures[path.stem] = shown(path)
+    write_result(out, {"experiment": "longctx", "version": 2, "profile": args.profile, "machine": machine(),
                        "command": " ".join(["python bench/reproduce/longctx.py",
                                             *(sys.argv[1:] if argv is None else argv)]),
-                       "preset": str(PRESET.relative_to(ROOT)), "spec": PROFILES[args.profile], "archs": ARCHS,
+                       "preset": str(PRESET.relative_to(ROOT)), "spec": spec, "tasks": {t: TASKS[t] for t in tasks},
+                       "archs": {a: ARCHS[a] for a in archs}, "labels": {a: LABELS[a] for a in archs},
                        "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
                        "load_end": load_average(), "figures": shown_figures,
-                       "train_seconds": {f"{r['arch']}-{r['task']}": r.get("train_seconds") for r in trained},
+                       "train_seconds": {f"{r['arch']}-{r['task']}": r.get("train_seconds") for r in done},
                        "results": results})
     sys.stdout.write(markdown(results))
     print(f"wrote {out}")

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = sorted(ROOT.glob("bench/benchmarks/bench_*.py")) + [ROOT / "bench" / "report.py"] + [
-    ROOT / "bench" / "reproduce" / f"{name}.py" for name in ("wikitext2", "rmt_tasks", "tasks_small", "extrapolate")]
+    ROOT / "bench" / "reproduce" / f"{name}.py"
+    for name in ("wikitext2", "rmt_tasks", "tasks_small", "extrapolate", "longctx", "longctx_eval")]
 
 
 @pytest.mark.parametrize("signum, terminal", [(signal.SIGINT, True), (signal.SIGTERM, False)],

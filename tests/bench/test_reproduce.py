@@ -211,25 +211,31 @@ def test_rmt_tasks_smoke(tmp_path):
 
 
 def test_longctx_smoke(tmp_path):
-    """The long-context experiment at seconds-long sizes (Transformer-XL and ARMT on passkey): curriculum stages,
-    then `memlm longeval` of every last stage at every length and depth; a rerun trains and evaluates nothing again."""
+    """The long-context experiment at seconds-long sizes (the no-memory model and ARMT on passkey): curriculum stages
+    of 1 and 2 segments, then every stage's model and the last one on the stage's own test samples, bucketed by the
+    segments from fact to answer, with the baselines on the same samples; a rerun trains and evaluates nothing."""
     work = tmp_path / "longctx"
-    command = ("--profile", "smoke", "--work", str(work), "--archs", "txl,armt", "--tasks", "passkey")
+    command = ("--profile", "smoke", "--work", str(work), "--tasks", "passkey")
     first = _script("longctx.py", *command)
     result = json.loads((work / "reproduce_longctx_smoke.json").read_text())
-    assert _finite_numbers(result)
-    summary = result["results"]["passkey"]
-    assert summary["lengths"] == [256, 512] and sorted(r["arch"] for r in summary["runs"].values()) == ["armt", "txl"]
-    for run in summary["runs"].values():
-        assert run["run_dir"].endswith("stage1-4seg") and not run["missing"]  # the curriculum's last stage
-        for row in run["results"]:
-            assert row["samples"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and len(row["by_depth"]) == 2
-    # the accuracy-against-length plot and one heatmap per run, beside the JSON
-    assert len(result["figures"]) == 3 and all((work / Path(p).name).is_file() for p in result["figures"].values())
-    assert "start txl-passkey" in first.stdout
+    assert _finite_numbers(result) and result["version"] == 2
+    runs = result["results"]["passkey"]
+    assert [r["arch"] for r in runs] == ["transformer", "armt"]
+    for run in runs:
+        assert [stage["segments"] for stage in run["stages"]] == [1, 2]
+        for stage in run["stages"]:
+            # 4 test samples of S segments, each measured S segments from fact to answer
+            for model in ("own", "final"):
+                assert stage[model]["samples"] == 4 and 0.0 <= stage[model]["accuracy"] <= 1.0
+                assert list(stage[model]["by_apart"]) == [str(stage["segments"])]
+                assert stage[model]["by_apart"][str(stage["segments"])]["samples"] == 4
+            assert (stage["stop"], stage["stop_step"], stage["own"]["step"], stage["final"]["step"]) == (
+                "budget", 2, 2, 2)
+            assert stage["baselines"] == {"chance": 1 / 90000}  # passkey: 5-digit keys, no heuristic
+    assert len(result["figures"]) == 1 and all((work / Path(p).name).is_file() for p in result["figures"].values())
+    assert "start transformer-passkey" in first.stdout and "| *chance* | *0.001* | *0.001* |" in first.stdout
     again = _script("longctx.py", *command)
-    assert "skip txl-passkey" in again.stdout and "0 evaluation(s) to run" in (
-        work / "logs" / "longeval-passkey.log").read_text().split("$ memlm")[-1]
+    assert "skip transformer-passkey" in again.stdout and "skip armt-passkey" in again.stdout
 
 
 @pytest.mark.parametrize("arch, expected", [

@@ -51,6 +51,20 @@ def parse_segments(text: str) -> list[int]:
     return counts
 
 
+def per_stage(flag: str, text: str, stages: int) -> list[int]:
+    """--steps, --min-steps: one value for every stage, or one per stage."""
+    try:
+        values = [int(part) for part in str(text).split(",")]
+    except ValueError:
+        values = []
+    if len(values) == 1:
+        values = values * stages
+    if len(values) != stages:
+        raise ConfigError(f"{flag} {text!r}: give one number for every stage or one per stage ({stages} for "
+                          "--segments)")
+    return values
+
+
 def stage_folders(out: Path, task: str, segments: list[int]) -> list[tuple[int, Path, Path]]:
     """(segments, data folder, run folder) per stage."""
     return [(s, out / "data" / f"{task}-{s}seg", out / f"stage{k}-{s}seg") for k, s in enumerate(segments)]
@@ -144,8 +158,9 @@ def finished(run_dir: Path, rule: StopRule) -> dict | None:
 
 
 def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, task_options: dict[str, Any],
-                   segments: list[int], rule: StopRule, docs: str, seed: int = 0) -> list[Path]:
-    """Prepare and train every stage in turn (single process); returns the stages' run folders.
+                   segments: list[int], rules: list[StopRule], docs: str, seed: int = 0) -> list[Path]:
+    """Prepare and train every stage in turn (single process); returns the stages' run folders. rules: how each
+    stage ends (one per stage: the caps may differ).
 
     Every stage's options and config are checked before the first one starts: a refused command leaves nothing."""
     from memlm.data_pipeline.format import DataError
@@ -153,16 +168,17 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
 
     from .curriculum_samples import stage_options
 
-    rule.validate()
+    for rule in rules:
+        rule.validate()
     base = load_config(config, overrides)
     N = base.model.tgt_len
     check_arguments(task, task_options, segments, N)
     split_docs = parse_docs(docs)
-    if split_docs["valid"] < rule.samples:
+    if split_docs["valid"] < rules[0].samples:
         print(f"curriculum: {split_docs['valid']} valid samples per stage, fewer than --check-samples "
-              f"{rule.samples}: the checks use all {split_docs['valid']}", flush=True)
+              f"{rules[0].samples}: the checks use all {split_docs['valid']}", flush=True)
     stages = []
-    for k, (count, data, run_dir) in enumerate(stage_folders(out, task, segments)):
+    for k, ((count, data, run_dir), rule) in enumerate(zip(stage_folders(out, task, segments), rules)):
         try:
             options = stage_options(task, {**task_options, "docs": split_docs, "seed": seed}, count, N)
         except DataError as exc:  # what check_arguments cannot foresee, still before anything is made
@@ -172,10 +188,10 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
                  f"train.save_every={rule.check_every}"]
         if k:
             stage.append(f"train.init_from={stages[-1][2]}")
-        stages.append((count, data, run_dir, options, load_config(config, stage)))
+        stages.append((count, data, run_dir, options, load_config(config, stage), rule))
 
     runs, records = [], []
-    for k, (count, data, run_dir, options, cfg) in enumerate(stages):
+    for k, (count, data, run_dir, options, cfg, rule) in enumerate(stages):
         record = run_stage(k, count, data, run_dir, options, cfg, task=task, rule=rule,
                            previous=runs[-1] if runs else None)
         runs.append(run_dir)
