@@ -123,6 +123,8 @@ def render_rmt_tasks(data: dict) -> list[str]:
 
 
 def render_longctx(data: dict) -> list[str]:
+    if data.get("version", 1) >= 2:
+        return render_longctx_segments(data)
     spec = data["spec"]
     lines = [f"**Long-context accuracy** (profile `{data['profile']}`: curriculum over {spec['segments']} segments "
              f"per sample, {spec['steps']:,} steps per stage, equal for every arch; exact-match answer accuracy on "
@@ -137,6 +139,24 @@ def render_longctx(data: dict) -> list[str]:
             lines.append(f"| {run['arch']} | " + " | ".join(f"{100 * acc[n]:.0f}" if n in acc else "-"
                                                           for n in lengths) + " |")
         lines.append("")
+    for stem, path in data.get("figures", {}).items():
+        figure = Path(path)
+        lines += [f"![{stem}]({figure.relative_to('bench') if figure.parts[0] == 'bench' else figure})", ""]
+    return lines
+
+
+def render_longctx_segments(data: dict) -> list[str]:
+    """bench/reproduce/longctx.py since issue 35: accuracy by segments from fact to question, with baselines."""
+    from bench.reproduce.longctx import markdown
+
+    spec = data["spec"]
+    lines = [f"**What memory does on long-context tasks** (profile `{data['profile']}`, preset `{data['preset']}` "
+             f"with {', '.join(spec['overrides']) or 'no overrides'}: `memlm curriculum` over {spec['segments']} "
+             f"segments per sample, stage caps {spec['steps']} steps, a stage ending when learned (99% held-out exact "
+             f"match), on a plateau ({spec['patience']} checks of {spec['check_every']} steps without a gain, from "
+             f"step {spec['min_steps']}) or at its cap; exact-match accuracy by segments from fact to question, "
+             "both counted, each sample bucketed by its measured distance; BABILong-style tasks, a smaller setting "
+             "than the papers').", "", *markdown(data["results"], data["labels"]).splitlines(), ""]
     for stem, path in data.get("figures", {}).items():
         figure = Path(path)
         lines += [f"![{stem}]({figure.relative_to('bench') if figure.parts[0] == 'bench' else figure})", ""]

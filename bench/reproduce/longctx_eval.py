@@ -29,7 +29,8 @@ from bench.interrupt import stop_in_one_line  # noqa: E402
 
 
 def load_model(run_dir: Path):
-    """The run's latest weights in the model `memlm eval` builds, and the data's boundary id."""
+    """The run's latest weights in the model `memlm eval` builds (on the GPU when there is one), its config and
+    step."""
     from memlm.models import build_model
     from memlm.trainer.checkpoint.store import find_checkpoint, step_of
     from memlm.trainer.checkpoint.weights import load_weights
@@ -40,7 +41,13 @@ def load_model(run_dir: Path):
     ckpt_dir, tag = find_checkpoint(run_dir, None)
     model = build_model(eval_model_config(cfg))
     model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
-    return model, cfg, step_of(tag)
+    return model.to(device()), cfg, step_of(tag)
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def score(model, cfg, task: str, samples: list, boundary_id: int) -> dict:
@@ -48,7 +55,7 @@ def score(model, cfg, task: str, samples: list, boundary_id: int) -> dict:
     from memlm.trainer.inference.longeval import answer_correct
     from memlm.trainer.loop.curriculum_samples import fact_start, segments_apart
 
-    right = answer_correct(model, samples, lanes=cfg.data.eval_lanes, boundary_id=boundary_id)
+    right = answer_correct(model, samples, lanes=cfg.data.eval_lanes, boundary_id=boundary_id, device=device())
     by_apart: dict[int, list[bool]] = defaultdict(list)
     for (tokens, answer_len), ok in zip(samples, right):
         text = bytes(tokens.astype("uint8")).decode("ascii")
