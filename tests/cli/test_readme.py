@@ -323,6 +323,9 @@ def test_readme_commands_run_as_written(tmp_path):
     demo, demo_by_id = _compare_rows(clone / "compare" / "memlm-demo")
     assert len(demo) == len(demo_by_id) == 3 and all(re.fullmatch(r"demo-(transformer|txl|lamemo)-stdlib-bytes-"
                                                                   r"[0-9a-f]{6}", run) for run in demo), list(demo)
+    # The demo as written (3 steps here): its table, memory-effect lines and MLflow runs (tests/cli/test_demo.py
+    # checks a second demo into the same folder, on one arch).
+    check_demo_output(next(text for command, text in pieces if command.startswith(DEMO)), clone / "mlflow.db")
 
     # Training takes model.vocab_size from the word data's manifest, and says so (issue 32).
     first_train = next(text for command, text in pieces if command.startswith("memlm train tiny/lamemo"))
@@ -346,3 +349,36 @@ def test_readme_commands_run_as_written(tmp_path):
         result = json.loads((clone / "runs" / "demo" / "runs" / arch / "analysis" / "analysis-test.json").read_text())
         for layer, mass in enumerate(result["attention_intervals"]["memory_mass"]):
             assert f"layer {layer}: attention on the memory {100 * mass:.0f}%" in analyzed
+
+
+def check_demo_output(out: str, store: Path) -> None:
+    """The demo's printed table (one row per arch, finite, bits per byte from the same NLL), its equal-tokens line,
+    each memory model's effect against the baseline as the table has it, and its MLflow runs, finished."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^(transformer|txl|lamemo)\s+([\d,]+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", line)
+        if m:
+            rows[m.group(1)] = [float(x.replace(",", "")) for x in m.groups()[1:]]
+    assert set(rows) == {"transformer", "txl", "lamemo"}, out
+    for arch, values in rows.items():
+        assert all(math.isfinite(v) for v in values), (arch, values)
+        params, steps, loss, nll, bpc, rate = values
+        assert params > 0 and steps == 3 and 0 < nll < 10 and rate > 0
+        assert abs(bpc - nll / math.log(2)) < 1e-3  # bytes: bits per byte, from the same NLL
+    equal = re.search(r"Equal steps and tokens for every arch \(3 steps, ([\d,]+) training tokens each", out)
+    results = json.loads((store.parent / "runs" / "demo" / "results.json").read_text())
+    assert equal and {r["tokens"] for r in results} == {int(equal.group(1).replace(",", ""))}, out  # one number
+    for arch in ("txl", "lamemo"):
+        m = re.search(rf"^  {arch}\s+([+-]\d+\.\d+) nats/token", out, re.M)
+        assert m, out
+        assert abs(float(m.group(1)) - (rows[arch][3] - rows["transformer"][3])) < 2e-3
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("memlm-demo").experiment_id])
+    by_arch = {r.data.tags.get("arch"): r for r in runs}
+    assert set(by_arch) == {"transformer", "txl", "lamemo"}
+    for r in by_arch.values():
+        assert r.info.status == "FINISHED" and "loss" in r.data.metrics and "test_nll" in r.data.metrics
+        assert r.info.run_name in out  # the demo says which runs are its own
+
