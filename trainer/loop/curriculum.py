@@ -131,6 +131,13 @@ def stage_overrides(arch: str, count: int) -> list[str]:
     return ["train.schedule=constant", *whole]
 
 
+def whole_samples_validated(eval_batches: int, count: int) -> list[str]:
+    """The trainer's validation pass (the answer loss the stop rule reads) must reach each lane's first answer: a
+    task scores its answer bytes only, in a sample's last segment, so fewer batches than the sample's segments score
+    nothing (tiny presets read 4: an 8-segment stage failed). 0 (the whole split) already does."""
+    return [f"train.eval_batches={count}"] if 0 < eval_batches < count else []
+
+
 def describe_step(cfg, count: int) -> str:
     """How a stage's step reads its samples, in words."""
     if cfg.model.bptt_mode == "chunk" and cfg.model.bptt_depth + 1 == count and cfg.train.grad_accum == 1:
@@ -183,7 +190,8 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
             options = stage_options(task, {**task_options, "docs": split_docs, "seed": seed}, count, N)
         except DataError as exc:  # what check_arguments cannot foresee, still before anything is made
             raise ConfigError(f"curriculum stage {k} ({count} segment(s) of {N}): {exc}") from None
-        stage = [*stage_overrides(base.model.arch, count), *overrides, f"data.path={data}",
+        stage = [*stage_overrides(base.model.arch, count), *whole_samples_validated(base.train.eval_batches, count),
+                 *overrides, f"data.path={data}",
                  f"train.steps={rule.steps}", f"train.eval_every={rule.check_every}",
                  f"train.save_every={rule.check_every}"]
         if k:

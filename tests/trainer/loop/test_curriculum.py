@@ -290,3 +290,15 @@ def test_bad_segments_are_one_line(segments, tmp_path, capsys):
     assert main(["curriculum", "tiny/armt", "--task", "passkey", "--segments", segments, "--out",
                  str(tmp_path)]) == 2
     assert "--segments" in capsys.readouterr().err
+
+
+def test_a_stage_validates_whole_samples():
+    """A task scores only its answer, in a sample's last segment: the trainer's validation pass of an 8-segment
+    stage read the tiny presets' 4 batches and scored nothing (`memlm: error: evaluating split 'valid': 4 batch(es)
+    ... scored no target`, the README's curriculum line). A stage reads at least its segments' count; the whole
+    split (0) already does."""
+    from memlm.trainer.loop.curriculum import whole_samples_validated
+
+    assert whole_samples_validated(4, 8) == ["train.eval_batches=8"]
+    assert whole_samples_validated(4, 2) == [] and whole_samples_validated(8, 8) == []
+    assert whole_samples_validated(0, 8) == []
