@@ -214,15 +214,17 @@ class Trainer:
         """The engine, the stream and the empty memory; once (fit() calls it when the caller has not)."""
         if self.built:
             return
-        import deepspeed
         import torch
 
         from memlm.data_pipeline.stream import LaneStream
         from memlm.models import build_model
+        from memlm.trainer.runtime.lean_import import import_deepspeed
 
         from .ds_config import deepspeed_config
         from .recurrence import make_recurrence
         from .schedule import make_scheduler
+
+        deepspeed = import_deepspeed()  # without the autotuner's MLflow import (runtime/lean_import.py)
 
         cfg = self.cfg
         if cfg.train.deterministic:

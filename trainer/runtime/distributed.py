@@ -101,8 +101,9 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
     instead of the console, and rank 0 says when a build is coming (op_cache.load_cpu_op)."""
     import atexit
 
-    import deepspeed
+    from .lean_import import import_deepspeed
 
+    deepspeed = import_deepspeed()
     if info.device == "cpu":
         atexit.register(remove_shm_buffer, info.rank)  # also after a failed run; not after SIGKILL
     if info.device.startswith("cuda"):

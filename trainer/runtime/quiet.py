@@ -124,10 +124,12 @@ def import_deepspeed(run_dir: str | os.PathLike) -> None:
     accelerator detection warns "Setting accelerator to CPU" on every import (eval, generate and analyze import it
     to read checkpoints; training imports it after choosing the accelerator itself). A run folder this process may
     not write to (someone else's runs) keeps the plain import."""
+    from .lean_import import import_deepspeed as lean_import
+
     if "deepspeed" in sys.modules:
         return
     if not os.access(run_dir, os.W_OK):
-        import deepspeed  # noqa: F401
+        lean_import()
         return
     with into_library_log(run_dir):
-        import deepspeed  # noqa: F401,F811
+        lean_import()
