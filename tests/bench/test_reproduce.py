@@ -232,6 +232,7 @@ def test_longctx_smoke(tmp_path):
             assert (stage["stop"], stage["stop_step"], stage["own"]["step"], stage["final"]["step"]) == (
                 "budget", 2, 2, 2)
             assert stage["baselines"] == {"chance": 1 / 90000}  # passkey: 5-digit keys, no heuristic
+            assert stage["held_out_answer_nll"] > 0  # the stage's last check, from the curriculum's record
     assert len(result["figures"]) == 1 and all((work / Path(p).name).is_file() for p in result["figures"].values())
     assert "start transformer-passkey" in first.stdout and "| *chance* | *0.001* | *0.001* |" in first.stdout
     again = _script("longctx.py", *command)

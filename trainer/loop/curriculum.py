@@ -232,7 +232,8 @@ def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg,
     resume = (run_dir / "checkpoints").is_dir()
     print(f"curriculum: {label}: samples of {options['length']:,} bytes, {describe_step(cfg, count)}; ends when "
           f"learned (held-out accuracy >= {100 * rule.target:g}%)"
-          f"{'' if rule.fixed else ', on a plateau'} or at {rule.steps:,} steps"
+          f"{f', on a plateau from step {rule.min_steps:,}' if rule.min_steps < rule.steps and not rule.fixed else ''}"
+          f" or at {rule.steps:,} steps"
           f"{', from ' + str(previous) if previous else ''}{' (resuming)' if resume else ''} -> {run_dir}",
           flush=True)
     heartbeat.said()
