@@ -102,7 +102,7 @@ def one_run(arch: str, task: str, *, profile: str, work: Path, uri: str, backgro
     out, log, result = work / "runs" / name, work / "logs" / f"{name}.log", work / "eval" / f"{name}.json"
     if result.is_file():
         RUNS.skip(name)
-        return {"arch": arch, "task": task, **with_records(read_json(result), out)}
+        return {"arch": arch, "task": task, "skipped": True, **with_records(read_json(result), out)}
     RUNS.start(name, f"curriculum over {spec['segments']} segments, at most {spec['steps']} steps a stage, then "
                      "the test samples of every stage")
     overrides = spec["overrides"] + ARCHS[arch] + [f"tracking.uri={uri}", "tracking.experiment=memlm-reproduce-longctx"]
@@ -135,11 +135,16 @@ def with_records(evaluated: dict, out: Path) -> dict:
     from memlm.data_pipeline import longctx
     from memlm.trainer.config.run_config import load_config
     from memlm.trainer.loop.curriculum_samples import read_split
+    from memlm.trainer.loop.curriculum_stop import StopRule, stage_record
 
     records = {r["stage"]: r for r in read_json(out / "curriculum.json")["stages"]}
     for row in evaluated["stages"]:
         record = records[row["stage"]]
         row["held_out_answer_nll"] = record.get("answer_nll")
+        # How the stage ended, from its checks under the rule as it stands (a plateau found at the last check,
+        # the cap's, was recorded as one before the rule said that the cap ends such a stage).
+        ended = stage_record(StopRule(**record["rule"]), Path(record["run_dir"]), row["stop_step"])
+        row["stop"], row["stop_reason"] = ended["stop"], ended["reason"]
         if evaluated["task"] != "passkey":
             data = load_config(Path(record["run_dir"]) / "config.yaml").data.path
             row["baselines"]["answer_length_known"] = length_known(read_split(data, "test"), longctx.LOCATIONS)
@@ -208,7 +213,7 @@ def plot(task: str, runs: list[dict], path: Path) -> Path:
     for run in runs:
         ax.plot(segments, [100 * row["own"]["accuracy"] for row in run["stages"]], marker="o",
                 label=LABELS[run["arch"]])
-    for (name, label), style in zip(BASELINE_LABELS.items(), (":", "--", "-.")):
+    for (name, label), style in zip(BASELINE_LABELS.items(), (":", "--", "-.", (0, (1, 4)))):
         if name in runs[0]["stages"][0]["baselines"]:
             ax.plot(segments, [100 * row["baselines"][name] for row in runs[0]["stages"]], linestyle=style,
                     color="grey", label=label)
@@ -261,13 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     for task, runs in results.items():
         path = plot(task, runs, figures / f"{out.stem}_{task}.png")
         shown_figures[path.stem] = shown(path)
-    write_result(out, {"experiment": "longctx", "version": 2, "profile": args.profile, "machine": machine(),
-                       "command": " ".join(["python bench/reproduce/longctx.py",
-                                            *(sys.argv[1:] if argv is None else argv)]),
+    timing = {"machine": machine(), "command": " ".join(["python bench/reproduce/longctx.py",
+                                                         *(sys.argv[1:] if argv is None else argv)]),
+              "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
+              "load_end": load_average()}
+    if all(r.get("skipped") for r in done) and out.is_file():
+        # A rerun that trained and scored nothing (it only redrew the tables): the time and machine stay those of
+        # the run that did.
+        timing = {key: read_json(out).get(key, value) for key, value in timing.items()}
+    for r in done:
+        r.pop("skipped", None)
+    write_result(out, {"experiment": "longctx", "version": 2, "profile": args.profile, **timing,
                        "preset": str(PRESET.relative_to(ROOT)), "spec": spec, "tasks": {t: TASKS[t] for t in tasks},
                        "archs": {a: ARCHS[a] for a in archs}, "labels": {a: LABELS[a] for a in archs},
-                       "wall_minutes": round((time.time() - started) / 60, 1), "load_start": load_start,
-                       "load_end": load_average(), "figures": shown_figures,
+                       "figures": shown_figures,
                        "train_seconds": {f"{r['arch']}-{r['task']}": r.get("train_seconds") for r in done},
                        "results": results})
     sys.stdout.write(markdown(results))

@@ -94,7 +94,7 @@ def decide(rule: StopRule, checks: list[dict]) -> tuple[str, str] | None:
             best_acc, best_step = row["accuracy"], row["step"]
         if nll is not None:
             best_nll = min(best_nll, nll)
-    if last["step"] >= rule.min_steps and since >= rule.patience:
+    if rule.min_steps <= last["step"] < rule.steps and since >= rule.patience:  # at the cap, the cap ended it
         return "plateau", (f"no gain in {since} checks ({since * rule.check_every:,} steps): best held-out "
                            f"accuracy {100 * best_acc:.1f}% at step {best_step:,}, answer loss {best_nll:.3f}")
     return None

@@ -110,6 +110,8 @@ def test_stop_rule_learned_plateau_and_the_late_jump():
     assert kind == "plateau" and "no gain in 3 checks (750 steps)" in reason and "10.0% at step 250" in reason
     late = StopRule(steps=3000, check_every=250, patience=2, min_steps=1500)
     assert decide(late, flat) is None  # patience is spent, but no plateau before min_steps
+    capped = StopRule(steps=1000, check_every=250, patience=3, min_steps=500)
+    assert decide(capped, flat) is None  # the last check is at the cap: the cap ended the stage, not a plateau
     # The run-up to a late jump: accuracy flat at 0, the loss falling 1.5% a check. Against the loss at the last gain
     # that is a gain every second check, so the stage goes on.
     assert first_stop(rule, rows(*[(0.0, 2.3 * 0.985 ** i) for i in range(12)])) is None
