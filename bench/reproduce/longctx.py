@@ -77,11 +77,13 @@ PROFILES = {
     "cpu": {"archs": "transformer,txl,lamemo,rmt,armt", "segments": "1,2,4,8", "steps": "5000,1500,1000,500",
             "min_steps": "5000,250,250,250", "check_every": 250, "check_samples": 100, "patience": 2,
             "docs": "4000,100,200", "overrides": []},
-    # One H100, about 8 minutes (an estimate from the CPU profile's step counts, not yet run): every arch, up to 16
-    # segments (2,048 bytes), d 128, 32 lanes, seven curricula at a time on the one GPU.
-    "gpu": {"archs": ",".join(ARCHS), "segments": "1,2,4,8,16", "steps": "5000,1500,1000,1000,1000",
-            "min_steps": "5000,250,250,250,250", "check_every": 250, "check_samples": 200, "patience": 2,
-            "docs": "20000,200,400", "jobs": 7,
+    # One H100, about 8 minutes (estimated, not yet run): every arch, up to 16 segments (2,048 bytes), d 128, 32
+    # lanes; all 14 curricula at once, one process and CPU thread each (the machine has 16 cores) on the one GPU,
+    # where a tiny model's step is launch-bound (~20 ms): caps of 3,000 + 1,000 x 2 + 750 x 4 + 500 x 8 + 500 x 16
+    # micro-batches, 20,000 a curriculum, about 7 minutes, plus preparing 8,000 samples a stage.
+    "gpu": {"archs": ",".join(ARCHS), "segments": "1,2,4,8,16", "steps": "3000,1000,750,500,500",
+            "min_steps": "3000,250,250,250,250", "check_every": 250, "check_samples": 200, "patience": 2,
+            "docs": "8000,200,400", "jobs": 14,
             "overrides": ["model.d_model=128", "model.d_head=32", "model.d_inner=512", "data.batch_size=32"]},
     # The memory-token archs given the room the cpu profile lacks at 4 and 8 segments (about 50 minutes on 2 quiet
     # cores, passkey): a gentler curriculum (3 and 6 segments between), 2,000 steps at 3 to 6 segments, no plateau
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--work", type=Path, help="runs, data and logs (default runs/reproduce/longctx-PROFILE)")
-    parser.add_argument("--jobs", type=int, help="curricula at a time, one thread each (default 2; gpu 7)")
+    parser.add_argument("--jobs", type=int, help="curricula at a time, one thread each (default 2; gpu 14)")
     parser.add_argument("--archs", help="comma-separated subset of: " + ", ".join(ARCHS) + " (default: the profile's)")
     parser.add_argument("--tasks", help="comma-separated subset of: " + ", ".join(TASKS) + " (default: the profile's, "
                         "else all)")
