@@ -19,9 +19,14 @@ passkey's digits, and the loss mask covers the answer only.
 Every story's answer follows from its sentences alone: the generator reads each story back from its text
 (data_pipeline/longctx_reader.py) and draws another when the sentences break a rule or do not give that one answer.
 
-Lengths are exact: a sample is `length` bytes, the tokens of the `bytes` tokenizer every task is prepared with
-(`memlm prepare --corpus task` takes no other tokenizer), and every fact lies inside the depth window, at any
-length (data_pipeline/longctx_layout.py says how depth is measured and how the background is cut to fit).
+Lengths hold to a few bytes: a sample's prompt is exactly `length` - 1 - the task's longest answer bytes, the
+tokens of the `bytes` tokenizer every task is prepared with (`memlm prepare --corpus task` takes no other
+tokenizer), so a sample is `length` bytes less its answer's shortfall from the longest (passkey: none; qa: 0-4,
+"park" against "bathroom"), and every fact lies inside the depth window, at any length
+(data_pipeline/longctx_layout.py says how depth is measured and how the background is cut to fit). The prompt's
+length is fixed, not the sample's, because a model sees where its question sits: with samples of exactly `length`
+bytes, the question's place told the answer's length (52-53% on qa1 for a reader of nothing else, against 12.5%
+chance; found by the long-context experiment, bench/reproduce/longctx.py).
 
 Options: `length` (the sample's bytes; at least `min_length`: the longest story these options can draw, its
 question and answer, and 2 bytes of background), `depth_min`, `depth_max` (where in the background the facts go,
@@ -49,7 +54,8 @@ LONGCTX_TASKS = ("qa1", "qa2", "qa3", "passkey")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 QUESTION_MARK = " Q: "
 MIN_LENGTH = 64  # bytes: no task's sample is shorter (each task's own floor, min_length, is higher)
-TOLERANCE = 0  # bytes a sample may fall short of `length`: none, the layout fills every byte
+TOLERANCE = max(map(len, LOCATIONS)) - min(map(len, LOCATIONS))  # bytes a sample may fall short of `length`: the
+# answer's shortfall from the longest (the prompt's length is exact; passkey's answers are all `digits` long)
 
 DEFAULTS = {
     "qa1": {"length": 1000, "depth_min": 0.0, "depth_max": 1.0, "facts": 6, "background": ""},
@@ -113,16 +119,23 @@ def story(task: str, rng: np.random.Generator, n_facts: int) -> Story:
             return made
 
 
+def longest_answer(task: str, o: dict) -> int:
+    """The task's longest answer in bytes: every prompt is sized for it, so the prompt's length says nothing."""
+    return o["digits"] if task == "passkey" else max(map(len, LOCATIONS))
+
+
 def sample_text(task: str, split: str, rng: np.random.Generator, o: dict) -> tuple[str, str]:
-    """(prompt, answer) of one sample: exactly o["length"] bytes with SEP."""
+    """(prompt, answer) of one sample: a prompt of exactly o["length"] - 1 - longest_answer bytes, then SEP and an
+    answer of at most longest_answer bytes."""
     made = passkey_story(rng, o["digits"]) if task == "passkey" else story(task, rng, o["facts"])
     tail = QUESTION_MARK + made.question
-    background = o["length"] - sum(len(f) + 1 for f in made.facts) - (len(tail) - 1) - 1 - len(made.answer)
+    prompt_length = o["length"] - 1 - longest_answer(task, o)
+    background = prompt_length - sum(len(f) + 1 for f in made.facts) - (len(tail) - 1)
     if task == "passkey":
         words = Words(tuple(s if s.endswith(".") else s + "." for s in FILLER.split(". ")), 0)
     else:
         sentences = background_sentences(o["background"], split)
         words = Words(sentences, int(rng.integers(len(sentences))))
     prompt = lay_out(rng, made.facts, words, background, o["depth_min"], o["depth_max"]) + tail
-    assert len(prompt) + 1 + len(made.answer) == o["length"], (len(prompt), made.answer, o["length"])
+    assert len(prompt) == prompt_length and len(made.answer) <= longest_answer(task, o), (len(prompt), made.answer)
     return prompt, made.answer

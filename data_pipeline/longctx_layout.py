@@ -1,5 +1,5 @@
 """A long-context sample laid out to the byte: the facts at depths inside the asked window, background text filling
-every gap exactly, so a sample is exactly `length` bytes long.
+every gap exactly, so a story part is exactly the bytes it is asked for (longctx.sample_text sizes the prompt).
 
 Measure. The story part of a prompt is items joined by single spaces: background pieces and facts. Each item owns
 the space after it (the last one the space of " Q: "). The background's bytes are its pieces with their spaces, G

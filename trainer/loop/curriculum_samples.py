@@ -1,12 +1,13 @@
 """A curriculum stage's samples: the task options that make an S-segment stage, and what its prepared data holds,
 read back from the shards training reads.
 
-An S-segment stage's samples are exactly S x model.tgt_len bytes (data_pipeline/longctx.py makes lengths exact), so a
-sample is read as S segments. At S = 1 the whole sample, facts and question, is one segment: every model, the
-no-memory one included, can learn the task there. From S = 2 on the story starts within the first quarter of the
-first segment (the depth window [0, (tgt_len / 4) / background bytes]), so the fact and the question lie S - 1
-segment boundaries apart and only a memory can carry the one to the other. A depth window the user gives
-(--task-option depth_min=/depth_max=) is kept as given.
+An S-segment stage's samples are S x model.tgt_len bytes less their answer's shortfall from the task's longest (0-4
+bytes for a place; data_pipeline/longctx.py sizes every prompt for the longest answer, so the question's place gives
+nothing away), so a sample is read as S segments. At S = 1 the whole sample, facts and question, is one segment: every
+model, the no-memory one included, can learn the task there. From S = 2 on the story starts within the first quarter of
+the first segment (the depth window [0, (tgt_len / 4) / background bytes]), so the fact and the question lie S - 1
+segment boundaries apart and only a memory can carry the one to the other. A depth window the user gives (--task-option
+depth_min=/depth_max=) is kept as given.
 
 Where the fact is, measured from a sample's text alone (`fact_start`): passkey, the key's last mention; qa1, the
 asked person's last mention (the start of their last move: the background never names the story's people). qa2 and
