@@ -22,8 +22,11 @@ class ArchSpec:
     summary: str  # one line: the paper and what the memory is
     model: str  # "module:Class" of the nn.Module (Backbone subclass)
     # model.mem_len (the Transformer-XL cache): "zero" (no cache: the arch has none), "positive" (the arch needs
-    # one), "any"
+    # one), "any". A rule about the cache only: ARMT has no cache and a memory all the same (has_memory)
     mem_len: str = "any"
+    # Whether anything of one segment reaches the next: False only for the baseline that reads every segment alone
+    # (memlm analyze reads it; tests/models/test_registry.py checks it against the model)
+    has_memory: bool = True
     options: tuple[str, ...] = ()  # ModelConfig keys only this arch reads: another arch must leave them at default
     # "module:function"(cfg, batch_size) -> (FLOPs of one lane's segment by component, head rows): the layers'
     # matmuls as models/flops.py counts them (its docstring); the embedding and softmax head are added there
@@ -55,7 +58,8 @@ RMT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", 
 
 ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
     ArchSpec("transformer", "Transformer + relative positions, no memory: every segment alone (the baseline)",
-             model="memlm.models.txl:TransformerXL", mem_len="zero", layer_flops="memlm.models.flops:txl_layers",
+             model="memlm.models.txl:TransformerXL", mem_len="zero", has_memory=False,
+             layer_flops="memlm.models.flops:txl_layers",
              decoder="memlm.models.decoders:TXLDecoder"),
     ArchSpec("txl", "Transformer-XL (Dai et al., 2019): a cache of the last M layer inputs, no gradient into it",
              model="memlm.models.txl:TransformerXL", layer_flops="memlm.models.flops:txl_layers",

@@ -93,7 +93,7 @@ def bench_arch(arch: str, args) -> dict:
     settings = {**WT103_BASE, "n_layer": args.n_layer, "tgt_len": args.tgt_len, "mem_len": args.mem_len}
     settings.update({k: getattr(args, k) for k in ("d_model", "n_head", "d_head", "d_inner") if getattr(args, k)})
     spec = arch_spec(arch)
-    if spec.mem_len == "zero":  # the no-memory baseline
+    if spec.mem_len == "zero":  # no Transformer-XL cache (the baseline, ARMT)
         settings["mem_len"] = 0
     if spec.memory_tokens:  # RMT as preset paper/wt103/rmt_bptt3_mem10: memory tokens, no Transformer-XL cache
         settings.update(mem_len=0, **{spec.memory_tokens: RMT_MEM_TOKENS})

@@ -105,3 +105,21 @@ def test_every_memory_state_has_the_common_interface(name):
     tensors = []
     map_memory(tensors.append, cut)
     assert tensors and not any(t.requires_grad for t in tensors)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_has_memory_is_what_the_model_does(name):
+    """An entry's has_memory (not its cache rule: ARMT has no cache) says whether one segment changes the next one's
+    output. Every weight is drawn at random, so no zero initialisation (ARMT's W_v) hides a memory path."""
+    spec = ARCHITECTURES[name]
+    cfg = _tiny(spec)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+        before, segment = torch.randint(0, cfg.vocab_size, (2, 2, cfg.tgt_len)).unbind(1)
+        after_one = model(before, model.init_memory(2)).memory
+        fresh = model(segment, model.init_memory(2), return_logits=True).logits
+        carried = model(segment, after_one, return_logits=True).logits
+    assert (not torch.allclose(fresh, carried)) is spec.has_memory

@@ -152,6 +152,10 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
     cfg = model.cfg
     L, N, M = cfg.n_layer, cfg.tgt_len, cfg.mem_len
     arch = cfg.arch
+    # The registry's has_memory, not its cache rule: ARMT has no Transformer-XL cache and carries a memory
+    has_memory = arch_spec(arch).has_memory
+    if not has_memory:
+        log.info(f"arch {arch!r} has no memory: only the current segment's attention is analysed")
     recorder = Recorder()
     # Statistics for what the model records (models/backbone.py record_to): "causal" attention weights, LaMemo's
     # "alpha", RMT's "rmt" maps; each is started by the first segment that reports it.
@@ -189,7 +193,8 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
             done += 1
     finally:
         model.recorder = None
-    result: dict[str, Any] = {"arch": arch, "segments": done, "tgt_len": N, "mem_len": M, "n_layer": L}
+    result: dict[str, Any] = {"arch": arch, "has_memory": has_memory, "segments": done, "tgt_len": N, "mem_len": M,
+                              "n_layer": L}
     if causal is not None:
         result["attention_intervals"] = causal.result()
     if alpha is not None:
@@ -228,8 +233,6 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     run_dir = Path(run_dir)
     heartbeat.phase(f"loading the weights of {run_dir}")
     model, _, cfg = load_run_model(run_dir, tag=tag)
-    if arch_spec(model.cfg.arch).mem_len == "zero":
-        log.info(f"arch {model.cfg.arch!r} has no memory: only the current segment's attention is analysed")
     data_dir = Path(cfg.data.path)
     from memlm.data_pipeline.shards import load_manifest
 

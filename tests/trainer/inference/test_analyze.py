@@ -138,6 +138,27 @@ def test_collect_counts_compressed_slots_as_memory():
         assert 0.0 < iv["memory_mass"][l] < 1.0
 
 
+@pytest.mark.parametrize("arch, settings, has_memory", [
+    ("transformer", dict(mem_len=0), False),
+    # No Transformer-XL cache (mem_len 0), but an associative state carried from segment to segment
+    ("armt", dict(mem_len=0, num_mem_tokens=2, assoc_dim=4), True),
+    ("txl", dict(mem_len=N), True),
+])
+def test_the_analysis_says_whether_the_model_has_memory(arch, settings, has_memory, caplog):
+    """`memlm analyze` once read "no Transformer-XL cache" as "no memory" and called ARMT memoryless."""
+    from memlm.data_pipeline.stream import Batch
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch=arch, vocab_size=40, tgt_len=N, init_std=0.3, **settings)).eval()
+    gen = torch.Generator().manual_seed(0)
+    batches = [Batch(torch.randint(0, 40, (1, N), generator=gen), torch.randint(0, 40, (1, N), generator=gen),
+                     torch.tensor([s == 0]), torch.tensor([True])) for s in range(2)]
+    with caplog.at_level("INFO", logger="memlm.trainer.inference.analyze"):
+        result = collect(model, batches, segments=2)
+    assert result["has_memory"] is has_memory
+    assert ("has no memory" in caplog.text) is not has_memory
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
