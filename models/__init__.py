@@ -1,4 +1,5 @@
-"""memlm models: Transformer+RPE, Transformer-XL, LaMemo and RMT behind one contract (docs/design.md §3).
+"""memlm models: every arch of registry.py (`transformer`, `txl`, `lamemo`, `rmt`, `compressive`, `infinite_former`,
+`armt`: tests/docs/test_docs_match_code.py keeps this list whole) behind one contract (docs/design.md §3).
 
     model = build_model(ModelConfig(arch="lamemo", ...))
     memory = model.init_memory(batch_size=B)
