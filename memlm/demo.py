@@ -35,6 +35,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from memlm.models.registry import arch_spec  # torch-free
+
 DEMO_EXPERIMENT = "memlm-demo"
 DEMO_ARCHS = ("transformer", "txl", "lamemo")
 CORPUS_MARKER = "MEMLM_DEMO_CORPUS"  # a folder holding this file was written by the demo and may be replaced
@@ -47,7 +49,6 @@ NLL_TIE = 0.005  # nats/token: closer than this to the baseline reads "about the
 # Small models: 2 layers, d_model 128, 4 heads x 32, N = M = 64, 8 lanes.
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "tgt_len": 64, "mem_len": 64,
          "dropout": 0.0, "dropatt": 0.0}
-ARCH_MODEL = {"transformer": {"mem_len": 0}, "txl": {}, "lamemo": {}}
 BATCH = 8
 
 
@@ -128,7 +129,9 @@ def prepare_corpus(out: Path, wikitext: str | None) -> tuple[Path, dict, str]:
 
 def demo_tree(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR, run_name: str = "") -> dict:
     """The run configuration of one architecture, as the nested mapping a YAML preset holds."""
-    model = {"arch": arch, **MODEL, **ARCH_MODEL[arch], "vocab_size": vocab_size}
+    model = {"arch": arch, **MODEL, "vocab_size": vocab_size}
+    if arch_spec(arch).mem_len == "zero":  # an arch without the Transformer-XL cache (the no-memory baseline)
+        model["mem_len"] = 0
     if vocab_size > 20_000:  # word-level WikiText: an adaptive softmax keeps the CPU step affordable
         model.update(cutoffs=[2000, 10000], div_val=1)
     return {
@@ -386,11 +389,11 @@ def median_rate(metrics: list[dict]) -> float:
 
 def memory_effect(rows: list[dict], steps: int) -> str:
     """Each memory model's test NLL against the no-memory baseline's, at the same steps and tokens."""
-    base = next((r for r in rows if r["arch"] == "transformer"), None)
-    others = [r for r in rows if r["arch"] != "transformer"]
+    base = next((r for r in rows if not arch_spec(r["arch"]).has_memory), None)
+    others = [r for r in rows if arch_spec(r["arch"]).has_memory]
     if base is None or not others:
         return "memory's effect: needs the no-memory 'transformer' run next to a memory model"
-    lines = ["memory's effect (test NLL against the no-memory transformer, same steps and tokens):"]
+    lines = [f"memory's effect (test NLL against the no-memory {base['arch']}, same steps and tokens):"]
     for r in others:
         delta = r["test_nll"] - base["test_nll"]
         verdict = "about the same" if abs(delta) < NLL_TIE else "better" if delta < 0 else "not better"

@@ -39,12 +39,12 @@ from torch import Tensor, nn
 
 from .attention import causal_index, relative_encodings
 from .backbone import Backbone
-from .decoders import TXLDecoder
-from .flops import layer_dims, matmul_flops, txl_layers
+from .flops import layer_dims, matmul_flops
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
-from .txl import TXLMemory
+from .txl import TXLDecoder, TXLMemory
+from .txl import layer_flops as txl_layer_flops
 
 EPS = 1e-5  # the authors' epsilon in both denominators
 DPFP_NU = 3
@@ -194,7 +194,7 @@ def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
     D, _, _, L, N, _, mm = layer_dims(cfg)
     R, d = cfg.num_mem_tokens, cfg.assoc_dim
     width = 2 * DPFP_NU * d
-    seg, _ = txl_layers(replace(cfg, tgt_len=N + R, mem_len=0), batch_size)
+    seg, _ = txl_layer_flops(replace(cfg, tgt_len=N + R, mem_len=0), batch_size)
     T = N + R
     read = mm(T, D, d) + mm(T, width, D) + mm(T, width, 1)  # W_q; A; z
     write = mm(R, D, d) + mm(R, D, D) + mm(R, D, 1)  # W_k, W_v, w_b

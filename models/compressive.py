@@ -29,12 +29,12 @@ from torch import Tensor, nn
 
 from .attention import RelativeLayer, causal_index, relative_encodings
 from .backbone import Backbone
-from .decoders import TXLDecoder
-from .flops import layer_dims, txl_layers
+from .flops import layer_dims
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
-from .txl import reset_valid, roll_valid
+from .txl import TXLDecoder, reset_valid, roll_valid
+from .txl import layer_flops as txl_layer_flops
 
 
 @dataclass
@@ -192,7 +192,7 @@ def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
     rows per layer (a [c D] x [D] matmul per slot; pooling counts nothing). The attention-reconstruction loss is
     training-only and not counted, as the backward is not."""
     D, _, _, L, N, M, mm = layer_dims(cfg)
-    seg, rows = txl_layers(replace(cfg, mem_len=cfg.compressed_len + M), batch_size)
+    seg, rows = txl_layer_flops(replace(cfg, mem_len=cfg.compressed_len + M), batch_size)
     if cfg.compression == "conv":
         seg["compression"] = L * mm(N // cfg.compression_rate, cfg.compression_rate * D, D)
     return seg, rows

@@ -20,15 +20,7 @@ What `flops_per_token` counts
   positions per layer; q only for the N current tokens (`RelativeAttention.project(h, n_query=N)`).
 * The adaptive softmax projects the head input once per token and, with div_val == 1 (one shared table), reuses
   that projection for the tail clusters.
-* LaMemo adds, per layer: q for the M memory positions, the look-ahead attention (M queries over W keys; the
-  position term per (query, window key), i.e. M x W, though the distances span 1..M), and — on every layer except the
-  last — the
-  output projection and FFN for the M memory positions (memory hidden states at layers >= 1 are recomputed
-  every segment from the layer-0 memory; at the last layer only the cached context is updated).
-* RMT: the segment is [read R | N tokens | write R], so every per-position cost runs over N + 2R positions and
-  keys over M + N + 2R; the position term and W_R run over the M + N + 3R - 1 signed distances -(R-1)..K-1; the
-  softmax head runs only over the N tokens (plus the R write rows when aux_loss_weight > 0). With cache_keys_values
-  the M cached rows' keys and values are read as cached: k and v are projected for the N + 2R rows only.
+* Each arch's own terms: its `layer_flops` docstring, in its module (models/README.md).
 
 Adaptive softmax assumption
 ---------------------------
@@ -68,7 +60,7 @@ def paper_wt103_config(arch: str) -> ModelConfig:
     return ModelConfig(
         arch=arch, n_layer=16, n_head=10, d_model=410, d_head=41, d_inner=2100, vocab_size=267735,
         cutoffs=[20000, 40000, 200000], div_val=1, tie_weight=True, tgt_len=150,
-        mem_len=0 if arch == "transformer" else 150, dropout=0.1, **extra,
+        mem_len=0 if arch_spec(arch).mem_len == "zero" else 150, dropout=0.1, **extra,
     ).validate()
 
 
@@ -76,7 +68,7 @@ def paper_wt103_config(arch: str) -> ModelConfig:
 # Adaptive input / softmax geometry
 
 
-def _clusters(cfg: ModelConfig) -> list[tuple[int, int, int]]:
+def softmax_clusters(cfg: ModelConfig) -> list[tuple[int, int, int]]:
     """(lo, hi, width) for every cluster; the widths follow models/adaptive.py."""
     edges = [0] + list(cfg.cutoffs) + [cfg.vocab_size]
     de = cfg.embed_dim
@@ -111,17 +103,17 @@ def _cluster_fractions(cfg: ModelConfig, tail_fractions: list[float] | None) -> 
 def _embedding_flops(cfg: ModelConfig, fractions: list[float]) -> float:
     """Adaptive-input projections per input token (lookups are free)."""
     D = cfg.d_model
-    clusters = _clusters(cfg)
+    clusters = softmax_clusters(cfg)
     if cfg.div_val == 1:
         w = clusters[0][2]
         return 2.0 * w * D if w != D else 0.0
     return sum(f * 2.0 * w * D for f, (_, _, w) in zip(fractions, clusters) if w != D)
 
 
-def _head_flops(cfg: ModelConfig, fractions: list[float], full_softmax: bool) -> tuple[float, float]:
+def head_row_flops(cfg: ModelConfig, fractions: list[float], full_softmax: bool) -> tuple[float, float]:
     """Softmax-head FLOPs per scored row."""
     D = cfg.d_model
-    clusters = _clusters(cfg)
+    clusters = softmax_clusters(cfg)
     n_tail = len(clusters) - 1
     lo0, hi0, w0 = clusters[0]
     proj0 = 2.0 * D * w0 if w0 != D else 0.0
@@ -156,7 +148,7 @@ def flops_per_token(
     N = cfg.tgt_len
     seg = dict(embedding=0.0, attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0,
                attn_context=0.0, ffn=0.0, head=0.0)
-    head_row = _head_flops(cfg, fractions, full_softmax)
+    head_row = head_row_flops(cfg, fractions, full_softmax)
     seg["embedding"] = N * _embedding_flops(cfg, fractions)
 
     layers, head_rows = arch_spec(cfg.arch).load("layer_flops")(cfg, batch_size)
@@ -186,7 +178,7 @@ def param_count(cfg: ModelConfig) -> int:
     """Number of distinct parameters (tied tensors counted once) of build_model(cfg), computed from cfg alone."""
     cfg.validate()
     D, A, F_, L, H, E = cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.n_head, cfg.d_head
-    clusters = _clusters(cfg)
+    clusters = softmax_clusters(cfg)
     n_tables = 1 if cfg.div_val == 1 else len(clusters)
     sizes = [cfg.vocab_size] if cfg.div_val == 1 else [hi - lo for lo, hi, _ in clusters]
     widths = [w for _, _, w in clusters][:n_tables]
@@ -208,8 +200,8 @@ def param_count(cfg: ModelConfig) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Each arch's layers (its registry entry's layer_flops): one lane's segment, by component, and the head's rows.
-# An arch module may hold its own (models/compressive.py does), built from the three public helpers below.
+# What each arch's layer_flops (in its own module, named by its registry entry: one lane's segment, by component,
+# and the head's rows) builds on.
 
 
 def matmul_flops(rows: float, d_in: int, d_out: int) -> float:
@@ -225,76 +217,6 @@ def layer_dims(cfg: ModelConfig) -> tuple:
 def segment_components() -> dict[str, float]:
     return dict(attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0, attn_context=0.0, ffn=0.0,
                 head=0.0)
-
-
-def txl_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
-    """Transformer-XL (and the memoryless Transformer, M = 0): N queries over K = M + N keys per layer."""
-    D, A, F_, L, N, M, mm = layer_dims(cfg)
-    seg = segment_components()
-    K = M + N
-    for _ in range(L):
-        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)  # q (current), k v (all keys), output
-        seg["pos_proj"] += mm(K, D, A) / batch_size  # W_R R(0..K-1), shared by the batch
-        seg["attn_content"] += mm(N, A, K)
-        seg["attn_position"] += mm(N, A, K)  # distance slots 0..K-1
-        seg["attn_context"] += mm(N, K, A)
-        seg["ffn"] += 2 * mm(N, D, F_)
-    return seg, N
-
-
-def lamemo_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
-    """LaMemo: Transformer-XL's causal attention, plus the memory's look-ahead and its recomputed rows."""
-    D, A, F_, L, N, M, mm = layer_dims(cfg)
-    seg = segment_components()
-    K, W = M + N, min(M, N)
-    for layer in range(L):
-        not_last = layer < L - 1
-        rows_out = K if not_last else N  # memory rows get output projection + FFN except at the last layer
-        seg["attn_proj"] += 3 * mm(K, D, A) + mm(rows_out, A, D)
-        seg["pos_proj"] += mm(K, D, A) / batch_size
-        seg["attn_content"] += mm(N, A, K)
-        seg["attn_position"] += mm(N, A, K)
-        seg["attn_context"] += mm(N, K, A)
-        if cfg.lookahead:
-            if cfg.rpe == "xl":
-                seg["pos_proj"] += mm(M, D, A) / batch_size  # separate encodings R(i - p) for the look-ahead
-            seg["attn_content"] += mm(M, A, W)
-            seg["attn_position"] += mm(M, A, min(M, N))  # per (query, window key): W of the M distances
-            seg["attn_context"] += mm(M, W, A)
-        seg["ffn"] += 2 * mm(rows_out, D, F_)
-    return seg, N
-
-
-def rmt_layers(cfg: ModelConfig, batch_size: int) -> tuple[dict[str, float], int]:
-    """RMT: [read R | tokens N | write R] rows over the cache and themselves; the write rows' aux loss."""
-    D, A, F_, L, N, M, mm = layer_dims(cfg)
-    seg = segment_components()
-    R = cfg.num_mem_tokens
-    T = N + 2 * R  # [read R | tokens N | write R]
-    K = M + T  # [cache M | read R | tokens N | write R]
-    P = K + R - 1  # signed distances -(R - 1) .. K - 1 (the read/write blocks look up to R - 1 to the right)
-    projected = T if cfg.cache_keys_values else K  # a cache of keys and values is not projected again
-    for _ in range(L):
-        seg["attn_proj"] += mm(T, D, A) + 2 * mm(projected, D, A) + mm(T, A, D)
-        seg["pos_proj"] += mm(P, D, A) / batch_size
-        seg["attn_content"] += mm(T, A, K)
-        seg["attn_position"] += mm(T, A, P)
-        seg["attn_context"] += mm(T, K, A)
-        seg["ffn"] += 2 * mm(T, D, F_)
-    if cfg.aux_loss_weight > 0:  # the R write rows predict aux_token_id through the same head
-        hit = [float(lo <= cfg.aux_token_id < hi) for lo, hi, _ in _clusters(cfg)]
-        seg["head"] += R * _head_flops(cfg, hit, False)  # never with logits
-    return seg, N
-
-
-def lamemo_params(cfg: ModelConfig) -> int:
-    """v- for the look-ahead direction (the disentangled encoding)."""
-    return (cfg.n_layer if cfg.untie_r else 1) * cfg.n_head * cfg.d_head if cfg.rpe == "disentangled" else 0
-
-
-def rmt_params(cfg: ModelConfig) -> int:
-    """The learned initial memory."""
-    return cfg.num_mem_tokens * cfg.d_model
 
 
 if __name__ == "__main__":  # python -m memlm.models.flops: the WikiText-103 table

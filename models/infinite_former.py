@@ -57,12 +57,12 @@ from torch import Tensor, nn
 
 from .attention import RelativeLayer, attend, causal_index, relative_encodings
 from .backbone import Backbone
-from .decoders import TXLDecoder
-from .flops import layer_dims, txl_layers
+from .flops import layer_dims
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
-from .txl import reset_valid, roll_valid
+from .txl import TXLDecoder, reset_valid, roll_valid
+from .txl import layer_flops as txl_layer_flops
 
 SIGMA_SQ_FLOOR = 1e-6  # the authors' clamp on sigma^2: a density narrower than this is a point
 
@@ -339,7 +339,7 @@ def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
     ("long_term"), and the update: sampling the old signal at S points and the fit over T = S + N ("ltm_update").
     The densities' closed forms and the sticky histogram are elementwise and not counted."""
     D, A, _, L, N, _, mm = layer_dims(cfg)
-    seg, rows = txl_layers(cfg, batch_size)
+    seg, rows = txl_layer_flops(cfg, batch_size)
     J, S, H = cfg.ltm_basis, cfg.ltm_samples, cfg.n_head
     seg["long_term"] = L * (2 * mm(J, D, A) + mm(N, A, J) + 2 * mm(H * N, J, 1) + mm(N, J, A) + mm(N, A, D))
     seg["ltm_update"] = L * (mm(S, J, D) + mm(J, S + N, D))

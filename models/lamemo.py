@@ -30,8 +30,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .attention import RelativeLayer, attend, causal_index, relative_encodings, spread_masked
+from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings, spread_masked
 from .backbone import Backbone
+from .decoders import SegmentDecoder
+from .flops import layer_dims, segment_components
 from .head_plan import TailPlan
 from .mask_layout import MaskLayout, causal_layout
 from .output import ModelOutput, cut, map_memory
@@ -222,3 +224,108 @@ class LaMemo(Backbone):
             record(alpha)
         alpha = alpha[..., None].to(ctx_ahead.dtype)  # [B, M, H, 1]
         return alpha * ctx_past + (1.0 - alpha) * ctx_ahead, log_past_and_ahead
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the registry entry names besides the model: FLOPs (models/flops.py's conventions), parameters, decoder
+
+
+def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
+    """LaMemo: Transformer-XL's causal attention, plus per layer q for the M memory positions, the look-ahead
+    attention (M queries over W keys; the position term per (query, window key), i.e. M x W, though the distances
+    span 1..M), and on every layer except the last the output projection and FFN for the M memory positions (memory
+    hidden states at layers >= 1 are recomputed every segment from the layer-0 memory; at the last layer only the
+    cached context is updated)."""
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
+    K, W = M + N, min(M, N)
+    for layer in range(L):
+        not_last = layer < L - 1
+        rows_out = K if not_last else N  # memory rows get output projection + FFN except at the last layer
+        seg["attn_proj"] += 3 * mm(K, D, A) + mm(rows_out, A, D)
+        seg["pos_proj"] += mm(K, D, A) / batch_size
+        seg["attn_content"] += mm(N, A, K)
+        seg["attn_position"] += mm(N, A, K)
+        seg["attn_context"] += mm(N, K, A)
+        if cfg.lookahead:
+            if cfg.rpe == "xl":
+                seg["pos_proj"] += mm(M, D, A) / batch_size  # separate encodings R(i - p) for the look-ahead
+            seg["attn_content"] += mm(M, A, W)
+            seg["attn_position"] += mm(M, A, min(M, N))  # per (query, window key): W of the M distances
+            seg["attn_context"] += mm(M, W, A)
+        seg["ffn"] += 2 * mm(rows_out, D, F_)
+    return seg, N
+
+
+def extra_params(cfg) -> int:
+    """v- for the look-ahead direction (the disentangled encoding)."""
+    return (cfg.n_layer if cfg.untie_r else 1) * cfg.n_head * cfg.d_head if cfg.rpe == "disentangled" else 0
+
+
+class LaMemoDecoder(SegmentDecoder):
+    """LaMemo: the memory's hidden states at layers >= 1 are refreshed by the look-ahead, whose window ends at the
+    segment's *first* token. So the first `extend` of a segment runs the model's layer loop on [memory | first
+    tokens] (look-ahead + interpolation, exactly as forward), which fixes the memory keys/values of every layer for
+    the rest of the segment; later tokens attend causally to those and to the segment's cache. No later token of the
+    segment can change them (the window never reaches past the first token), so this is exact."""
+
+    def begin(self, memory) -> None:
+        cfg, model = self.cfg, self.model
+        M, N = cfg.mem_len, cfg.tgt_len
+        B, device = memory.valid.shape[0], memory.valid.device
+        dtype = next(model.parameters()).dtype
+        self.memory, self.t = memory, 0
+        self._buffers(B, M, device, dtype)
+        self.allowed = causal_allowed(N, M, memory.valid, cfg.same_length)  # [B, N, M + N]
+        self.index = causal_index(N, M, device)  # [N, M + N]
+        key_valid = torch.cat([memory.valid, memory.valid.new_ones(B, N)], dim=1)  # [B, M + N]
+        self.start, self.allowed_ahead, self.index_ahead = lookahead_layout(M, N, key_valid)
+        r = relative_encodings(torch.arange(M + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
+        self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
+        if cfg.rpe == "xl":
+            r_ahead = relative_encodings(-torch.arange(1, M + 1, device=device), cfg.d_model, cfg.clamp_len, dtype)
+            self.r_k_ahead = [layer.attn.project_positions(r_ahead) for layer in model.layers]
+        else:  # distances 1..M: rows of the causal encodings, as the model's forward takes them in eval mode
+            self.r_k_ahead = [r_k[1 : M + 1] for r_k in self.r_k]
+        self.bias = self._biases()
+        learned = model.learned.fetch()
+        bias_ahead = learned["bias_v"] if cfg.rpe == "xl" else learned.get("bias_v_ahead")
+        self.bias_ahead = [model.layer_bias(bias_ahead, l) for l in range(cfg.n_layer)]
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        Q = tokens.shape[1]
+        self._check_room(Q)
+        h = self.model.embed_tokens(tokens)
+        if self.t == 0:
+            h = self._first_block(h)
+        else:
+            h = self._causal_layers(h, slice(self.t, self.t + Q), self.allowed, self.index)
+        self.t += Q
+        return self._logp(h)
+
+    def _first_block(self, h_cur: Tensor) -> Tensor:
+        """The model's layer loop on [memory | the segment's first Q tokens]: returns the tokens' last hidden
+        [B, Q, D] and leaves every layer's memory and token keys/values in the buffers."""
+        cfg, model, memory = self.cfg, self.model, self.memory
+        M, Q, L = cfg.mem_len, h_cur.shape[1], cfg.n_layer
+        h_mem = memory.embed.to(h_cur.dtype)  # [B, M, D] layer-0 memory inputs
+        allowed, index = self.allowed[:, :Q, : M + Q], self.index[:Q, : M + Q]
+        window = slice(self.start, M + 1)
+        for l, layer in enumerate(model.layers):
+            u, bias_v = self.bias[l]
+            keys_in = torch.cat([h_mem, h_cur], dim=1)  # [B, M + Q, D]
+            q, k, v = layer.attn.project(layer.attn_input(keys_in))
+            self.keys[l][:, : M + Q], self.values[l][:, : M + Q] = k, v
+            ctx_cur, _ = attend(q[:, M:], k, v, self.r_k[l], index, allowed, u, bias_v, layer.attn.dropatt,
+                                need_lognorm=False)
+            if l == L - 1:  # the last layer's memory output feeds nothing
+                return layer.finish(h_cur, ctx_cur)
+            ctx_mem = memory.context[l].to(h_cur.dtype)
+            if cfg.lookahead:
+                ctx_ahead, lognorm_ahead = attend(
+                    q[:, :M], k[:, window], v[:, window], self.r_k_ahead[l], self.index_ahead, self.allowed_ahead,
+                    u, self.bias_ahead[l], layer.attn.dropatt, per_key_positions=M > cfg.tgt_len)
+                ctx_mem, _ = model.interpolate(ctx_mem, memory.lognorm[l], ctx_ahead, lognorm_ahead)
+            out = layer.finish(keys_in, torch.cat([ctx_mem, ctx_cur], dim=1))
+            h_mem, h_cur = out[:, :M], out[:, M:]
+        return h_cur

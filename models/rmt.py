@@ -33,6 +33,8 @@ from torch import Tensor
 
 from .attention import attend, relative_encodings, spread_masked
 from .backbone import Backbone
+from .decoders import SegmentDecoder
+from .flops import head_row_flops, layer_dims, segment_components, softmax_clusters
 from .head_plan import TailPlan
 from .mask_layout import MaskLayout
 from .output import ModelOutput, cut
@@ -265,3 +267,84 @@ class RecurrentMemoryTransformer(Backbone):
             cache=TXLMemory(hidden=new_cache if M else memory.cache.hidden, valid=roll_valid(valid, cached_rows, M)),
         )
         return ModelOutput(nll=nll, logits=logits, memory=new_memory, aux_loss=self.memory_loss(write))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the registry entry names besides the model: FLOPs (models/flops.py's conventions), parameters, decoder
+
+
+def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
+    """RMT: the segment is [read R | N tokens | write R], so every per-position cost runs over N + 2R positions and
+    keys over M + N + 2R; the position term and W_R run over the M + N + 3R - 1 signed distances -(R-1)..K-1; the
+    softmax head runs only over the N tokens (plus the R write rows when aux_loss_weight > 0). With cache_keys_values
+    the M cached rows' keys and values are read as cached: k and v are projected for the N + 2R rows only."""
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
+    R = cfg.num_mem_tokens
+    T = N + 2 * R  # [read R | tokens N | write R]
+    K = M + T  # [cache M | read R | tokens N | write R]
+    P = K + R - 1  # signed distances -(R - 1) .. K - 1 (the read/write blocks look up to R - 1 to the right)
+    projected = T if cfg.cache_keys_values else K  # a cache of keys and values is not projected again
+    for _ in range(L):
+        seg["attn_proj"] += mm(T, D, A) + 2 * mm(projected, D, A) + mm(T, A, D)
+        seg["pos_proj"] += mm(P, D, A) / batch_size
+        seg["attn_content"] += mm(T, A, K)
+        seg["attn_position"] += mm(T, A, P)
+        seg["attn_context"] += mm(T, K, A)
+        seg["ffn"] += 2 * mm(T, D, F_)
+    if cfg.aux_loss_weight > 0:  # the R write rows predict aux_token_id through the same head
+        hit = [float(lo <= cfg.aux_token_id < hi) for lo, hi, _ in softmax_clusters(cfg)]
+        seg["head"] += R * head_row_flops(cfg, hit, False)  # never with logits
+    return seg, N
+
+
+def extra_params(cfg) -> int:
+    """The learned initial memory."""
+    return cfg.num_mem_tokens * cfg.d_model
+
+
+class RMTDecoder(SegmentDecoder):
+    """RMT (and Transformer-XL + RMT): the read rows see only the read block (and the cache if
+    cfg.read_mem_from_cache), never the tokens, so they go through every layer once at `begin`; token rows then
+    attend to [cache | read | tokens so far]. The write rows (the next memory) are only needed when the segment is
+    full: the model's forward computes them."""
+
+    def begin(self, memory) -> None:
+        cfg, model = self.cfg, self.model
+        R, M, N = cfg.num_mem_tokens, cfg.mem_len, cfg.tgt_len
+        valid = memory.cache.valid
+        B, device = valid.shape[0], valid.device
+        dtype = next(model.parameters()).dtype
+        self.t = 0
+        self._buffers(B, M + R, device, dtype)
+        learned = model.learned.fetch()
+        read, _ = model.read_memory(memory, None, learned["memory_init"], dtype)  # [B, R, D]
+        self.allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache,
+                                   cfg.write_mem_from_cache)  # [B, 2R + N, K]
+        distances, self.index = rmt_positions(R, N, M, device)  # [P], [2R + N, K]
+        r = relative_encodings(distances, cfg.d_model, cfg.clamp_len, dtype)
+        self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
+        self.bias = self._biases()
+        h = model.drop(read)
+        allowed, index = self.allowed[:, :R, : M + R], self.index[:R, : M + R]
+        for l, layer in enumerate(model.layers):
+            if M and cfg.cache_keys_values:  # the cache holds the rows' keys and values [B, M, 2HE] as they are
+                q, kv = layer.attn.project_rows(layer.attn_input(h))
+                k, v = layer.attn.split_keys_values(torch.cat([memory.cache.hidden[l].to(kv.dtype), kv], dim=1))
+            else:
+                keys_in = torch.cat([memory.cache.hidden[l].to(dtype), h], dim=1)  # [B, M + R, D]
+                q, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=R)
+            self.keys[l][:, : M + R], self.values[l][:, : M + R] = k, v
+            u, bias_v = self.bias[l]
+            context, _ = attend(q, k, v, self.r_k[l], index, allowed, u, bias_v, layer.attn.dropatt, need_lognorm=False)
+            h = layer.finish(h, context)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        Q = tokens.shape[1]
+        self._check_room(Q)
+        R = self.cfg.num_mem_tokens
+        h = self.model.drop(self.model.embed(tokens))
+        rows = slice(R + self.t, R + self.t + Q)  # token rows follow the read block in the query layout
+        h = self._causal_layers(h, rows, self.allowed, self.index)
+        self.t += Q
+        return self._logp(h)

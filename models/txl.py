@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import causal_index, relative_encodings
+from .attention import causal_allowed, causal_index, relative_encodings
 from .backbone import Backbone
+from .decoders import SegmentDecoder
+from .flops import layer_dims, segment_components
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
@@ -106,3 +108,55 @@ class TransformerXL(Backbone):
         nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the registry entry names besides the model: FLOPs (models/flops.py's conventions), parameters, decoder
+
+
+def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
+    """Transformer-XL (and the memoryless Transformer, M = 0): N queries over K = M + N keys per layer."""
+    D, A, F_, L, N, M, mm = layer_dims(cfg)
+    seg = segment_components()
+    K = M + N
+    for _ in range(L):
+        seg["attn_proj"] += mm(N, D, A) + 2 * mm(K, D, A) + mm(N, A, D)  # q (current), k v (all keys), output
+        seg["pos_proj"] += mm(K, D, A) / batch_size  # W_R R(0..K-1), shared by the batch
+        seg["attn_content"] += mm(N, A, K)
+        seg["attn_position"] += mm(N, A, K)  # distance slots 0..K-1
+        seg["attn_context"] += mm(N, K, A)
+        seg["ffn"] += 2 * mm(N, D, F_)
+    return seg, N
+
+
+class TXLDecoder(SegmentDecoder):
+    """Transformer-XL and the no-memory baseline (M = 0): memory keys come from the cached layer inputs. An arch
+    whose cache holds more rows before them (the Compressive Transformer's slots) names them in `cached_rows`."""
+
+    def cached_rows(self, memory, l: int) -> Tensor:
+        """Layer l's P cached rows [B, P, D] in key order (memory.key_valid's)."""
+        return memory.hidden[l]
+
+    def begin(self, memory) -> None:
+        cfg, model = self.cfg, self.model
+        key_valid = memory.key_valid  # [B, P]
+        (B, P), N, device = key_valid.shape, cfg.tgt_len, key_valid.device
+        dtype = next(model.parameters()).dtype
+        self.t = 0
+        self._buffers(B, P, device, dtype)
+        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, P + N]
+        self.index = causal_index(N, P, device)  # [N, P + N]
+        r = relative_encodings(torch.arange(P + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
+        self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
+        self.bias = self._biases()
+        if P:
+            for l, layer in enumerate(model.layers):
+                _, k, v = layer.attn.project(layer.attn_input(self.cached_rows(memory, l).to(dtype)), n_query=0)
+                self.keys[l][:, :P], self.values[l][:, :P] = k, v
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        Q = tokens.shape[1]
+        self._check_room(Q)
+        h = self._causal_layers(self.model.embed_tokens(tokens), slice(self.t, self.t + Q), self.allowed, self.index)
+        self.t += Q
+        return self._logp(h)

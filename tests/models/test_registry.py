@@ -58,7 +58,7 @@ def test_a_new_entry_is_all_models_needs(monkeypatch):
     """An arch registered under a new name (here Transformer-XL's class and FLOPs again) builds, validates and is
     counted with no other edit in models/."""
     entry = ArchSpec("txl_again", "Transformer-XL under another name", model="memlm.models.txl:TransformerXL",
-                     layer_flops="memlm.models.flops:txl_layers")
+                     layer_flops="memlm.models.txl:layer_flops")
     monkeypatch.setitem(registry_module.ARCHITECTURES, entry.name, entry)
     cfg = tiny_model_config(arch="txl_again")
     model = build_model(cfg)
@@ -73,7 +73,7 @@ def test_an_entry_owns_its_config_checks(monkeypatch):
     """validate() runs the checks the entry names (after the shared ones): here Transformer-XL under another name
     with the Compressive Transformer's."""
     entry = ArchSpec("txl_checked", "Transformer-XL under another name", model="memlm.models.txl:TransformerXL",
-                     layer_flops="memlm.models.flops:txl_layers", checks="memlm.models.arch_checks:compressive")
+                     layer_flops="memlm.models.txl:layer_flops", checks="memlm.models.arch_checks:compressive")
     monkeypatch.setitem(registry_module.ARCHITECTURES, entry.name, entry)
     with pytest.raises(ConfigError, match="^model.compressed_len must be >= 1"):
         tiny_model_config(arch="txl_checked").validate()
