@@ -1,7 +1,8 @@
 """Transformer-XL (Dai et al. 2019) and the no-memory Transformer+RPE baseline (the same model with mem_len 0).
 
-Shape legend: B lanes, N segment length, M memory length, K = M + N keys, L layers, D model width, H heads,
-E head width.
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length, X cached rows (M here; the
+Compressive Transformer's decoder adds its slots), K keys (X + N), P relative distances, L layers, D model width,
+H heads, E head width.
 
 Per layer the cache holds the layer *inputs* of the last M positions, detached (stop-gradient); keys and values
 of memory positions are recomputed with the current weights. Memory is fixed-size: slots that hold nothing
@@ -31,7 +32,7 @@ class TXLMemory:
 
     @property
     def key_valid(self) -> Tensor:
-        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        """[B, X] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
         return self.valid
 
     def detached(self) -> "TXLMemory":
@@ -134,18 +135,18 @@ class TXLDecoder(SegmentDecoder):
     whose cache holds more rows before them (the Compressive Transformer's slots) names them in `cached_rows`."""
 
     def cached_rows(self, memory, l: int) -> Tensor:
-        """Layer l's P cached rows [B, P, D] in key order (memory.key_valid's)."""
+        """Layer l's X cached rows [B, X, D] in key order (memory.key_valid's)."""
         return memory.hidden[l]
 
     def begin(self, memory) -> None:
         cfg, model = self.cfg, self.model
-        key_valid = memory.key_valid  # [B, P]
+        key_valid = memory.key_valid  # [B, X]
         (B, P), N, device = key_valid.shape, cfg.tgt_len, key_valid.device
         dtype = next(model.parameters()).dtype
         self.t = 0
         self._buffers(B, P, device, dtype)
-        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, P + N]
-        self.index = causal_index(N, P, device)  # [N, P + N]
+        self.allowed = causal_allowed(N, P, key_valid, cfg.same_length)  # [B, N, X + N]
+        self.index = causal_index(N, P, device)  # [N, X + N]
         r = relative_encodings(torch.arange(P + N, device=device), cfg.d_model, cfg.clamp_len, dtype)
         self.r_k = [layer.attn.project_positions(r) for layer in model.layers]
         self.bias = self._biases()
