@@ -1,7 +1,7 @@
 """LaMemo: look-ahead memory (Ji et al., NAACL 2022), docs/design.md §3.
 
-Shape legend: B lanes, N segment length, M memory length, K = M + N keys, W = min(M, N) look-ahead window,
-L layers, D model width, H heads, E head width.
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length, X cached rows (M here), Q queries (the
+decoder's new tokens), K keys (M + N), W look-ahead window (min(M, N)), L layers, D model width, H heads, E head width.
 
 State per layer, for the M memory positions: the cached attention output C (per head, before the output
 projection) and its log-normaliser S (logsumexp of every scaled score that position has attended to so far,
@@ -49,7 +49,7 @@ class LaMemoMemory:
 
     @property
     def key_valid(self) -> Tensor:
-        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        """[B, X] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
         return self.valid
 
     def detached(self) -> "LaMemoMemory":
