@@ -1,7 +1,7 @@
 """Pieces every architecture shares: adaptive embedding and softmax, relative-position biases, layer stack.
 
-Shape legend: B lanes, N segment length, Q query rows, M cached rows, P relative distances, L layers, D model width,
-H heads, E head width, V vocabulary.
+Shape letters (models/shapes.md): B lanes, N segment length, Q queries (the segment's rows), X cached rows,
+K keys (X + Q), P relative distances, L layers, D model width, H heads, E head width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -92,10 +92,10 @@ class Backbone(nn.Module):
         self,
         layer: RelativeLayer,
         h: Tensor,  # [B, Q, D] the segment's rows (RMT: memory tokens around them)
-        cached: Tensor,  # [B, M, D] this layer's cached rows from earlier segments
+        cached: Tensor,  # [B, X, D] this layer's cached rows from earlier segments
         r: Tensor,  # [P, D] relative encodings of the P distances pos_index names
-        pos_index: Tensor,  # [Q, M + Q] long
-        allowed: Tensor,  # [B or 1, Q, M + Q] bool
+        pos_index: Tensor,  # [Q, X + Q] long
+        allowed: Tensor,  # [B or 1, Q, X + Q] bool
         bias_u: Tensor,  # [H, E]
         bias_v: Tensor,  # [H, E]
         kernel_mask,  # kernel_mask(layout) or None (einsum path)
