@@ -1,6 +1,6 @@
 """Which keys each query may read, in the form the attention kernels take it.
 
-Shape legend: B lanes, Q queries, K keys.
+Shape letters (models/shapes.md): B lanes, Q queries, K keys.
 
 Every memory layout in memlm masks a query's keys in two independent ways: by the layout itself (causality,
 same_length, RMT's read/write blocks, LaMemo's look-ahead window), the same for every lane, and by which cached keys
