@@ -1,6 +1,6 @@
 """Relative attention through FlexAttention: the same maths as `attention.attend`, as one fused kernel on CUDA.
 
-Shape legend: B lanes, Q queries, K keys, P relative distances, H heads, E head width.
+Shape letters (models/shapes.md): B lanes, Q queries, K keys, P relative distances, H heads, E head width.
 
 `attend` builds fp32 [B, H, Q, K] score tensors and makes several passes over them (position gather, mask,
 softmax, dropout); on a GPU those passes, not the matmuls, were most of a step's kernel time (bench/README.md, GPU
