@@ -1,4 +1,8 @@
-"""What every model's forward returns, and helpers for the recurrent state that travels between segments."""
+"""What every model's forward returns, and helpers for the recurrent state that travels between segments.
+
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length, R memory tokens, D model width,
+V vocabulary.
+"""
 
 from __future__ import annotations
 
