@@ -1,7 +1,8 @@
 """Relative-position attention shared by every architecture.
 
-Shape legend: B lanes, Q queries, K keys, T positions a layer projects (its memory rows and the segment: T = K for
-causal attention), P relative distances, H heads, E head width, D model width.
+Shape letters (models/shapes.md): B lanes, Q queries, K keys (the rows a layer projects: its cached rows and
+the segment), X cached rows, N segment length, P relative distances, H heads, E head width, D model width, I inner
+width.
 
 Scores follow Transformer-XL (Dai et al. 2019, Sec. 3.3, the "relative positional encodings" score decomposed into
 terms (a)-(d)):
@@ -148,8 +149,8 @@ def attend(
 
 
 def _skew(rows: Tensor, batch: int, n_query: int, n_keys: int, start: int) -> Tensor:
-    """rows [H, B*Q, W] contiguous -> the [B, H, Q, K] view whose (b, h, i, j) is rows[h, b*Q + i, start - i + j]
-    (a column past the row's end reads on into the next row)."""
+    """rows [H, B*Q, P] contiguous (P, a row's length, is W here) -> the [B, H, Q, K] view whose (b, h, i, j) is
+    rows[h, b*Q + i, start - i + j] (a column past the row's end reads on into the next row)."""
     H, _, W = rows.shape
     return rows.as_strided((batch, H, n_query, n_keys), (n_query * W, batch * n_query * W, W - 1, 1),
                            rows.storage_offset() + start)
@@ -230,7 +231,7 @@ class RelativeAttention(nn.Module):
             nn.init.normal_(lin.weight, 0.0, init_std)
 
     def project(self, h: Tensor, n_query: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """[B, T, D] -> q [B, n_query, H, E] for the last n_query positions (all when None), k, v [B, T, H, E].
+        """[B, K, D] -> q [B, Q, H, E] for the last Q = n_query rows (all when None), k, v [B, K, H, E].
 
         Memory positions only serve as keys in Transformer-XL and RMT, so their queries are not computed.
         """
@@ -241,11 +242,11 @@ class RelativeAttention(nn.Module):
         return q, k, v
 
     def project_with_memory(self, mem: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """mem [B, M, D] rows that serve as keys only, h [B, N, D] -> q [B, N, H, E], k, v [B, M + N, H, E].
+        """mem [B, X, D] rows that serve as keys only, h [B, N, D] -> q [B, N, H, E], k, v [B, X + N, H, E].
 
         The same projections as `project(cat([mem, h]), n_query=N)`, but the memory rows go through kv_net on
         their own: Transformer-XL's cached rows are detached, so autograd then skips their input gradient
-        (B*M*D*2HE multiply-adds per layer that the concatenated form computes and throws away).
+        (B·X·D·2·H·E multiply-adds per layer that the concatenated form computes and throws away).
         """
         B, N, _ = h.shape
         q = self.q_net(h).view(B, N, self.n_head, self.d_head)
@@ -254,13 +255,13 @@ class RelativeAttention(nn.Module):
         return q, k, v
 
     def project_rows(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """h [B, T, D] -> q [B, T, H, E] and the keys and values as kv_net gives them, [B, T, 2*H*E] (a cache of
+        """h [B, Q, D] -> q [B, Q, H, E] and the keys and values as kv_net gives them, [B, Q, 2*H*E] (a cache of
         projected keys and values keeps them in this form; `split_keys_values` splits them)."""
         B, T, _ = h.shape
         return self.q_net(h).view(B, T, self.n_head, self.d_head), self.kv_net(h)
 
     def split_keys_values(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """[B, T, 2*H*E] -> k, v [B, T, H, E]."""
+        """[B, K, 2*H*E] -> k, v [B, K, H, E]."""
         k, v = kv.view(kv.shape[0], kv.shape[1], 2, self.n_head, self.d_head).unbind(dim=2)
         return k, v
 
@@ -269,7 +270,7 @@ class RelativeAttention(nn.Module):
         return self.r_net(r).view(r.shape[0], self.n_head, self.d_head)
 
     def output(self, context: Tensor) -> Tensor:
-        """[B, T, H, E] -> [B, T, D], with the residual dropout applied."""
+        """[B, Q, H, E] -> [B, Q, D], with the residual dropout applied."""
         B, T = context.shape[:2]
         return self.drop(self.o_net(context.reshape(B, T, self.n_head * self.d_head)))
 
@@ -294,8 +295,8 @@ class FeedForward(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         x = self.norm(h) if self.pre_lnorm else h
-        # On rows [B*T, D]: on a [B, T, D] input nn.Linear returns a view of its 2-D product, and the in-place ReLU
-        # on a view costs autograd a copy of the whole [B, T, d_inner] hidden and an as_strided gradient (zero-filled,
+        # On rows [B*Q, D]: on a [B, Q, D] input nn.Linear returns a view of its 2-D product, and the in-place ReLU
+        # on a view costs autograd a copy of the whole [B, Q, I] hidden and an as_strided gradient (zero-filled,
         # then copied) per layer; on rows the product is a tensor of its own. The same products, the same values.
         out = self.net(x.reshape(-1, x.shape[-1])).view(h.shape)
         if self.pre_lnorm:
@@ -322,8 +323,8 @@ class RelativeLayer(nn.Module):
         return self.attn_norm(h) if self.pre_lnorm else h
 
     def finish(self, h: Tensor, context: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Residual + norm around the attention output, then the FFN. h [B, T, D], context [B, T, H, E]; extra
-        [B, T, D]: another read added to the attention's output (the ∞-former's long-term memory)."""
+        """Residual + norm around the attention output, then the FFN. h [B, Q, D], context [B, Q, H, E]; extra
+        [B, Q, D]: another read added to the attention's output (the ∞-former's long-term memory)."""
         out = h + self.attn.output(context)
         if extra is not None:
             out = out + extra
@@ -351,7 +352,7 @@ def spread_masked(slot: Tensor, n_slots: int) -> Tensor:
 
 
 def causal_allowed(n_query: int, n_mem: int, mem_valid: Tensor, same_length: bool) -> Tensor:
-    """[B, Q, M+Q] bool: causal over the current block, memory slots only where valid (`causal_layout`)."""
+    """[B, Q, X + Q] bool: causal over the current block, memory slots only where valid (`causal_layout`)."""
     return causal_layout(n_query, n_mem, mem_valid, same_length).allowed
 
 
