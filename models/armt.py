@@ -1,8 +1,9 @@
 """Associative Recurrent Memory Transformer (ARMT; Rodkin et al., 2024): RMT's memory tokens write, through the
 delta rule, into an associative matrix per layer, which every row of the next segments reads.
 
-Shape legend: B lanes, N segment length, R memory tokens, T = N + R rows, L layers, D model width, d = assoc_dim
-(the key width before the feature map), F = 2 nu d (its width after), H heads, E head width.
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q queries (the N + R rows, [tokens N
+| memory R]), L layers, D model width, d associative key width (assoc_dim, before the feature map), F feature width
+(2 nu d, after it), H heads, E head width.
 
 Rows are [tokens N | memory R], causal: the memory tokens at the end see the whole segment, the tokens never see
 them. The memory tokens' inputs are the learned `memory_init` [R, D] in every segment: as in the authors' code
@@ -96,8 +97,8 @@ class AssociativeBlock(nn.Module):
             else nn.init.zeros_(self.value.weight)
 
     def read(self, h: Tensor, assoc: Tensor, norm: Tensor) -> Tensor:
-        """h [B, T, D] -> what the state returns for each row [B, T, D] (exactly 0 where the state is empty)."""
-        q = dpfp(self.query(h))  # [B, T, F]
+        """h [B, Q, D] -> what the state returns for each row [B, Q, D] (exactly 0 where the state is empty)."""
+        q = dpfp(self.query(h))  # [B, Q, F]
         return torch.einsum("btf,bfd->btd", q, assoc) / (torch.einsum("btf,bf->bt", q, norm)[..., None] + EPS)
 
     def write(self, m: Tensor, assoc: Tensor, norm: Tensor, fresh: Tensor) -> tuple[Tensor, Tensor]:
@@ -159,12 +160,12 @@ class AssociativeRMT(Backbone):
         x = self.embed(tokens)  # [B, N, D]
         learned = self.learned.fetch()
         assoc, norm, fresh, transitions = self.state_in(memory, reset, x.dtype)
-        h = self.drop(torch.cat([x, learned["memory_init"].to(x.dtype)[None].expand(B, -1, -1)], dim=1))  # [B, T, D]
+        h = self.drop(torch.cat([x, learned["memory_init"].to(x.dtype)[None].expand(B, -1, -1)], dim=1))  # [B, Q, D]
         none = memory.cache.valid.new_zeros(B, 0)
         layout = causal_layout(N + R, 0, none, False)
-        allowed = layout.allowed  # [B, T, T]
+        allowed = layout.allowed  # [B, Q, Q]
         kernel_mask = self.kernel_mask(layout)
-        pos_index = causal_index(N + R, 0, tokens.device)  # [T, T]
+        pos_index = causal_index(N + R, 0, tokens.device)  # [Q, Q]
         r = self.drop(relative_encodings(torch.arange(N + R, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
         empty = h[:, :0]  # [B, 0, D]: no cache
