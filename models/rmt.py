@@ -1,9 +1,9 @@
 """Recurrent Memory Transformer (Bulatov et al. 2022) on the Transformer-XL backbone, optionally combined with
 the Transformer-XL cache (the paper's "Tr-XL + RMT") and with the auxiliary memory loss of its appendix A.5.
 
-Shape legend: B lanes, N segment length, M cache (Transformer-XL memory) length, R memory tokens,
-Q = 2R + N queries (read | tokens | write), K = M + Q keys, P relative distances, L layers, D model width,
-H heads, E head width, V vocabulary.
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length (the Transformer-XL cache's), R memory
+tokens, Q queries (2R + N: read | tokens | write), X cached rows (M), K keys (M + Q), P relative distances, L layers,
+D model width, H heads, E head width, A attention width (H·E), V vocabulary.
 
 Every layer processes the sequence [read R | tokens N | write R]; the keys are [cache M | read R | tokens N |
 write R] at positions 0..K-1. Mask (see `rmt_allowed`): read rows see the read block (both directions); token
@@ -50,7 +50,7 @@ class RMTMemory:
     fresh: Tensor  # [B] bool: lane holds no memory yet; forward puts the learned initial memory there
     transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
     # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none). Its `hidden`
-    # holds per layer the rows' layer inputs [B, M, D], or with cache_keys_values their keys and values [B, M, 2HE].
+    # holds per layer the rows' layer inputs [B, M, D], or with cache_keys_values their keys and values [B, M, 2A].
     cache: TXLMemory
 
     @property
@@ -60,7 +60,7 @@ class RMTMemory:
 
     @property
     def key_valid(self) -> Tensor:
-        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        """[B, X] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
         return self.cache.valid  # the Transformer-XL cache's (memory tokens are always read)
 
     def detached(self) -> "RMTMemory":
@@ -193,13 +193,13 @@ class RecurrentMemoryTransformer(Backbone):
     def cached_kv_layer_step(self, layer, h: Tensor, cached: Tensor, r: Tensor, pos_index: Tensor, allowed: Tensor,
                              bias_u: Tensor, bias_v: Tensor, kernel_mask, record,
                              pos_offset: int) -> tuple[Tensor, Tensor]:
-        """`Backbone.layer_step` with a cache of projected keys and values (cfg.cache_keys_values): cached [B, M, 2HE]
+        """`Backbone.layer_step` with a cache of projected keys and values (cfg.cache_keys_values): cached [B, M, 2A]
         are the keys and values of the last M rows as the segments that wrote them projected them, read as they
-        are. Returns the new h [B, Q, D] and the cache for the next segment, [B, M, 2HE]: the last M of the cached
+        are. Returns the new h [B, Q, D] and the cache for the next segment, [B, M, 2A]: the last M of the cached
         and this segment's rows (all Q rows, or the N token rows without cache_memory_rows), detached."""
         cfg = self.cfg
         R, M = cfg.num_mem_tokens, cfg.mem_len
-        q, kv = layer.attn.project_rows(layer.attn_input(h))  # [B, Q, H, E], [B, Q, 2HE]
+        q, kv = layer.attn.project_rows(layer.attn_input(h))  # [B, Q, H, E], [B, Q, 2A]
         cached = cached.to(kv.dtype)
         rows = kv if cfg.cache_memory_rows else kv[:, R : kv.shape[1] - R]
         k, v = layer.attn.split_keys_values(torch.cat([cached, kv], dim=1))  # [B, M + Q, H, E]
@@ -328,7 +328,7 @@ class RMTDecoder(SegmentDecoder):
         h = model.drop(read)
         allowed, index = self.allowed[:, :R, : M + R], self.index[:R, : M + R]
         for l, layer in enumerate(model.layers):
-            if M and cfg.cache_keys_values:  # the cache holds the rows' keys and values [B, M, 2HE] as they are
+            if M and cfg.cache_keys_values:  # the cache holds the rows' keys and values [B, M, 2A] as they are
                 q, kv = layer.attn.project_rows(layer.attn_input(h))
                 k, v = layer.attn.split_keys_values(torch.cat([memory.cache.hidden[l].to(kv.dtype), kv], dim=1))
             else:
