@@ -3,8 +3,9 @@ token costs attention over the M memory keys (plus RMT's R read rows) and the t 
 of the segment. Each arch's registry entry names its decoder; `trainer.inference.generate` uses it. Exact
 against the models' own segment forward (tests/trainer/inference/test_generate.py).
 
-Shape legend: B lanes, N segment length (cfg.tgt_len), M memory length, R memory tokens (RMT), Q new tokens of
-one `extend` call, t tokens already in the segment, L layers, D model width, H heads, E head width, V vocabulary.
+Shape letters (models/shapes.md): B lanes, N segment length (cfg.tgt_len), M memory length, X cached rows, R memory
+tokens (RMT), Q queries (the new tokens of one `extend` call), t tokens already in the segment, L layers, D model
+width, H heads, E head width, V vocabulary.
 
 Contract of every decoder:
     decoder.begin(memory)          # the model's memory at a segment start (what its forward returned last)
@@ -25,7 +26,7 @@ from .attention import attend
 
 
 class SegmentDecoder:
-    """Shared bookkeeping: per-layer key/value buffers [B, P + N, H, E] whose first P rows (memory keys) are
+    """Shared bookkeeping: per-layer key/value buffers [B, X + N, H, E] whose first X rows (memory keys) are
     filled at the segment start, and the count t of tokens already in the segment."""
 
     def __init__(self, model: torch.nn.Module):
@@ -52,8 +53,8 @@ class SegmentDecoder:
     def _causal_layers(self, h: Tensor, rows: slice, allowed: Tensor, index: Tensor) -> Tensor:
         """Run the new tokens h [B, Q, D] through every layer against the cached keys; store their own keys.
 
-        rows: where the new queries sit in the query layout of `allowed` [B, Q_all, K_all] / `index` [Q_all, K_all];
-        the keys are the buffers' first prefix + t + Q rows."""
+        rows: where the new queries sit among the query rows of `allowed` and `index` (the whole segment's layout:
+        [B, N, X + N] and [N, X + N] for Transformer-XL); the keys are the buffers' first prefix + t + Q rows."""
         Q = h.shape[1]
         n_keys = self.prefix + self.t + Q
         allowed, index = allowed[:, rows, :n_keys], index[rows, :n_keys]
