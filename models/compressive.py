@@ -1,7 +1,8 @@
 """Compressive Transformer (Rae et al., 2020): Transformer-XL's memory plus a compressed memory.
 
-Shape legend: B lanes, N segment length, M memory length, C compressed slots, c compression rate (N / c slots per
-segment), P = C + M cached rows a query reads besides the segment, L layers, D model width, H heads, E head width.
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length, C compressed slots, c compression
+rate (N / c slots per segment), X cached rows (C + M, a query reads them besides the segment), K keys, L layers,
+D model width, H heads, E head width.
 
 Per layer l the state holds the layer inputs of the last M positions (Transformer-XL's memory) and C compressed
 slots. A segment pushes N rows out of [memory | segment] (the oldest N); they are compressed at rate c (a 1D
@@ -46,7 +47,7 @@ class CompressiveMemory:
 
     @property
     def key_valid(self) -> Tensor:
-        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
+        """[B, X] bool: which cached keys a segment's queries may read, in key order (the memory interface)."""
         return torch.cat([self.compressed_valid, self.valid], dim=1)  # [compressed | memory]
 
     def detached(self) -> "CompressiveMemory":
@@ -122,11 +123,11 @@ class CompressiveTransformer(Backbone):
         compressed_valid = reset_valid(memory.compressed_valid, reset)  # [B, C]
         h = self.embed_tokens(tokens)  # [B, N, D]
 
-        P = C + M
+        P = C + M  # X, the cached rows
         layout = causal_layout(N, P, torch.cat([compressed_valid, valid], dim=1), cfg.same_length)
-        allowed = layout.allowed  # [B, N, P + N]
+        allowed = layout.allowed  # [B, N, X + N]
         kernel_mask = self.kernel_mask(layout)  # None on the einsum path
-        pos_index = causal_index(N, P, tokens.device)  # [N, P + N]
+        pos_index = causal_index(N, P, tokens.device)  # [N, X + N]
         r = self.drop(relative_encodings(torch.arange(P + N, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
         # The N rows leaving [memory | segment] this segment, and which of their slots compress real positions.
@@ -171,7 +172,7 @@ class CompressiveTransformer(Backbone):
             q = q.detach()
 
             def content_attention(keys_in: Tensor, key_valid: Tensor) -> Tensor:
-                _, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=0)  # [B, T, H, E]
+                _, k, v = layer.attn.project(layer.attn_input(keys_in), n_query=0)  # [B, K, H, E]
                 scores = torch.einsum("bqhe,bkhe->bhqk", q, k).float() / math.sqrt(E)
                 keep = key_valid[:, None, None, :]
                 scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
@@ -188,7 +189,7 @@ class CompressiveTransformer(Backbone):
 
 
 def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
-    """Compressive Transformer: Transformer-XL over P = C + M cached rows, plus the compression of the N evicted
+    """Compressive Transformer: Transformer-XL over X = C + M cached rows, plus the compression of the N evicted
     rows per layer (a [c D] x [D] matmul per slot; pooling counts nothing). The attention-reconstruction loss is
     training-only and not counted, as the backward is not."""
     D, _, _, L, N, M, mm = layer_dims(cfg)
@@ -205,7 +206,7 @@ def extra_params(cfg) -> int:
 
 
 class CompressiveDecoder(TXLDecoder):
-    """Compressive Transformer: Transformer-XL's decoder over P = C + M cached rows, [compressed | memory]."""
+    """Compressive Transformer: Transformer-XL's decoder over X = C + M cached rows, [compressed | memory]."""
 
     def cached_rows(self, memory, l: int) -> Tensor:
         return torch.cat([memory.compressed[l], memory.hidden[l]], dim=1)  # [B, C + M, D]
