@@ -141,7 +141,7 @@ class TXLDecoder(SegmentDecoder):
     def begin(self, memory) -> None:
         cfg, model = self.cfg, self.model
         key_valid = memory.key_valid  # [B, X]
-        (B, P), N, device = key_valid.shape, cfg.tgt_len, key_valid.device
+        (B, P), N, device = key_valid.shape, cfg.tgt_len, key_valid.device  # P: X, the cached rows
         dtype = next(model.parameters()).dtype
         self.t = 0
         self._buffers(B, P, device, dtype)
