@@ -1,9 +1,9 @@
 """∞-former (Martins et al., 2022): Transformer-XL's short-term memory plus an unbounded long-term memory held as a
 continuous signal.
 
-Shape legend: B lanes, N segment length, M short-term memory length, J basis functions (ltm_basis), S samples of
-the old signal per update (ltm_samples), T = S + N points one fit reads, G sticky-memory bins, L layers, D model
-width, H heads, E head width.
+Shape letters (models/shapes.md): B lanes, N segment length, M memory length (the short-term memory's), X cached
+rows (M), J basis functions (ltm_basis), S samples of the old signal per update (ltm_samples; a fit reads S + N
+points), G sticky-memory bins, Q queries, L layers, D model width, H heads, E head width, A attention width (H·E).
 
 The long-term memory of layer l is a signal x(t) = C^T psi(t) over t in [0, 1]: coefficients C [B, J, D] of J
 Gaussian radial basis functions psi_j(t) = N(t; c_j, w_j^2), J / len(ltm_widths) centres evenly on [0, 1] for
@@ -21,9 +21,9 @@ layer inputs of its oldest N positions, as the Compressive Transformer's evicted
   n rows alone, as their Gs[n] would).
 * Otherwise (their G_inf): the new rows at t = tau + (1 - tau) i / N, i = 1..N; the old signal sampled at S
   points s_i and contracted into t = tau i / S; zero-valued padding points: those of the grid
-  linspace(-1/2 + shift, 3/2 - shift, 2T) below 0 and above 1 (floor(T / 2) on each side), with the authors'
-  shift = 1 / (2N + S) (not 1 / (2T): theirs, kept). Their odd-N branch never builds its grid and fails; every
-  N takes this one. The samples are s_i = i / S (the authors'), or with sticky memories (`ltm_sticky`) the
+  linspace(-1/2 + shift, 3/2 - shift, 2(S + N)) below 0 and above 1 (floor((S + N) / 2) on each side), with the
+  authors' shift = 1 / (2N + S) (not 1 / (2(S + N)): theirs, kept). Their odd-N branch never builds its grid and
+  fails; every N takes this one. The samples are s_i = i / S (the authors'), or with sticky memories (`ltm_sticky`) the
   (i - 1/2) / S quantiles of the histogram (G bins on [0, 1]) of the mass the segment's attention densities put
   on each bin, summed over queries and heads: the old signal is kept where attention went. The paper draws these
   samples at random; here each is the median of its 1/S of the mass, so evaluation is deterministic and a
@@ -75,7 +75,7 @@ class InfiniteFormerMemory:
 
     @property
     def key_valid(self) -> Tensor:
-        """[B, P] bool: which cached keys a segment's queries may read, in key order (the memory interface). The
+        """[B, X] bool: which cached keys a segment's queries may read, in key order (the memory interface). The
         long-term memory is read through densities over t, not keys: an empty one contributes exactly 0."""
         return self.valid
 
@@ -106,19 +106,19 @@ def first_fit_points(n: int) -> tuple[Tensor, Tensor]:
 
 
 def update_points(n_new: int, cfg) -> tuple[Tensor, Tensor]:
-    """(real points [T]: S old then n_new new, padding points) of a fit with a past signal, float64."""
+    """(real points [S + n_new]: S old then n_new new, padding points) of a fit with a past signal, float64."""
     S, tau = cfg.ltm_samples, cfg.ltm_tau
     old = tau * torch.arange(1, S + 1, dtype=torch.float64) / S
     new = tau + (1 - tau) * torch.arange(1, n_new + 1, dtype=torch.float64) / n_new
-    shift = 1 / (2 * n_new + S)  # the authors' (their grid has 2T points, but this is its shift)
+    shift = 1 / (2 * n_new + S)  # the authors' (their grid has 2(S + n_new) points, but this is its shift)
     grid = torch.linspace(-0.5 + shift, 1.5 - shift, 2 * (S + n_new), dtype=torch.float64)
     return torch.cat([old, new]), grid[(grid < 0) | (grid > 1)]
 
 
 class SignalFit:
     """What one update needs for segments of n_new rows and a short-term memory of mem_len, computed once in
-    float64 and kept in the model's dtype. Each map takes the T = S + n_new points' values (S old samples, then
-    the new rows) to the coefficients, [J, T]: `solve` with a past signal, (F F^T + lambda I)^-1 F_real;
+    float64 and kept in the model's dtype. Each map takes the S + n_new points' values (S old samples, then
+    the new rows) to the coefficients, [J, S + n_new]: `solve` with a past signal, (F F^T + lambda I)^-1 F_real;
     `first` and `first_partial` with none, the new rows fit alone (zero columns for the old samples and for the
     rows not of the document): all n_new rows, or the newest n_new - (mem_len mod n_new) (the first block after a
     document start when mem_len is not a multiple of n_new). Also the basis at the uniform samples s_i = i / S
@@ -136,7 +136,7 @@ class SignalFit:
         S = cfg.ltm_samples
         self.solve = ridge(*update_points(n_new, cfg)).to(device, dtype)
 
-        def alone(n: int) -> Tensor:  # [J, T]: the newest n of the new rows fit alone
+        def alone(n: int) -> Tensor:  # [J, S + n_new]: the newest n of the new rows fit alone
             fit = torch.zeros(len(centres), S + n_new, dtype=torch.float64)
             fit[:, S + n_new - n :] = ridge(*first_fit_points(n))
             return fit.to(device, dtype)
@@ -204,7 +204,7 @@ def sticky_samples(mu: Tensor, sigma_sq: Tensor, n_samples: int, n_bins: int) ->
     B = mu.shape[0]
     mu, sigma = mu.detach().double().reshape(B, -1, 1), sigma_sq.detach().double().sqrt().reshape(B, -1, 1)
     edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=mu.device)
-    cdf_at_edges = 0.5 * (1 + torch.erf((edges - mu) / (sigma * math.sqrt(2))))  # [B, HQ, G + 1]
+    cdf_at_edges = 0.5 * (1 + torch.erf((edges - mu) / (sigma * math.sqrt(2))))  # [B, H·Q, G + 1]
     mass = (cdf_at_edges[..., 1:] - cdf_at_edges[..., :-1]).sum(1)  # [B, G]
     mass = mass / mass.sum(-1, keepdim=True).clamp(min=1e-300)
     upper = mass.cumsum(-1)  # [B, G] the histogram's CDF at each bin's right edge
@@ -318,13 +318,13 @@ class InfiniteFormer(Backbone):
                 old = torch.einsum("bsj,bjd->bsd", sample_basis.to(coefficients.dtype), coefficients)
             else:
                 old = torch.einsum("sj,bjd->bsd", fit.uniform_basis, coefficients)  # [B, S, D]
-            points = torch.cat([old, new_rows.to(coefficients.dtype)], dim=1)  # [B, T, D]
+            points = torch.cat([old, new_rows.to(coefficients.dtype)], dim=1)  # [B, S + N, D]
             # No signal is zero coefficients (a reset zeroes them; a fit of real rows never is): read on the
             # device, per lane, so the choice needs no host sync. A lane's first block is whole or its newest
             # N - (M mod N) rows (the document's rows enter in order).
             empty = coefficients.flatten(1).abs().amax(1) == 0  # [B]
             whole = new_valid.all(1)  # [B]
-            first = torch.where(whole[:, None, None], fit.first, fit.first_partial)  # [B, J, T]
+            first = torch.where(whole[:, None, None], fit.first, fit.first_partial)  # [B, J, S + N]
             solve = torch.where(empty[:, None, None], first, fit.solve)
             return torch.einsum("bjt,btd->bjd", solve, points)
 
@@ -336,7 +336,7 @@ class InfiniteFormer(Backbone):
 def layer_flops(cfg, batch_size: int) -> tuple[dict[str, float], int]:
     """∞-former: Transformer-XL's layers, plus per layer the long-term memory: keys and values of the J
     coefficients, scores and w_mu / w_sigma for the N queries, the context and its output projection
-    ("long_term"), and the update: sampling the old signal at S points and the fit over T = S + N ("ltm_update").
+    ("long_term"), and the update: sampling the old signal at S points and the fit over S + N ("ltm_update").
     The densities' closed forms and the sticky histogram are elementwise and not counted."""
     D, A, _, L, N, _, mm = layer_dims(cfg)
     seg, rows = txl_layer_flops(cfg, batch_size)
