@@ -1,7 +1,9 @@
 """Adaptive input embedding and adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), as Transformer-XL uses
 them for WikiText-103. With no cutoffs both reduce to one embedding table and one full softmax.
 
-Shape legend: B lanes, N positions, D model width (d_proj), V vocabulary, C clusters (len(cutoffs)).
+Shape letters (models/shapes.md): B lanes, N segment length (the positions), D model width (d_proj), V vocabulary,
+V_0 shortlist (cutoffs[0]), V_i vocabulary of tail cluster i, Z clusters (len(cutoffs) + 1: the head and Z - 1
+tails), D_0 head's input width, D_i input width of tail cluster i, T rows of a flattened batch.
 The vocabulary is split at the cutoffs into a head shortlist [0, c0) and tail clusters [c0, c1), [c1, c2), ...;
 cluster i has embedding width d_embed // div_val**i and a projection to/from D when that width differs from D.
 """
@@ -136,7 +138,7 @@ class AdaptiveLogSoftmax(nn.Module):
         return hidden if proj is None else F.linear(hidden, proj.t())
 
     def _cluster_logits(self, projected: Tensor, i: int) -> Tensor:
-        """Logits over cluster i's own tokens from its projected hidden states [T, w_i] -> [T, size_i]."""
+        """Logits over cluster i's own tokens from its projected hidden states [T, D_i] -> [T, V_i]."""
         lo, hi = self.bounds[i]
         if self.div_val == 1:  # one table: cluster i is a slice of it
             return F.linear(projected, _rows(self.weights[0], lo, hi), _rows(self.bias, lo, hi))
@@ -147,7 +149,7 @@ class AdaptiveLogSoftmax(nn.Module):
         return head_input if self.div_val == 1 else self._project_in(hidden, i)
 
     def _head_logprobs(self, head_input: Tensor) -> Tensor:
-        """[T, w_0] -> [T, shortlist + C - 1]: shortlist tokens, then one logit per tail cluster."""
+        """[T, D_0] -> [T, V_0 + Z - 1]: shortlist tokens, then one logit per tail cluster."""
         logits = self._cluster_logits(head_input, 0)
         if self.n_clusters > 1:
             logits = torch.cat([logits, F.linear(head_input, self.cluster_weight, self.cluster_bias)], dim=-1)
@@ -168,7 +170,7 @@ class AdaptiveLogSoftmax(nn.Module):
             tgt = targets.reshape(-1)
             nll = linear_softmax_nll(head_input, self.weights[0], self.bias, tgt.clamp(min=0))
             return nll.masked_fill(tgt < 0, 0.0).view(B, N), None
-        head = self._head_logprobs(head_input)  # [T, shortlist + C - 1]
+        head = self._head_logprobs(head_input)  # [T, V_0 + Z - 1]
         logprobs = self._full_logprobs(flat, head_input, head).view(B, N, self.vocab_size) if want_logprobs else None
         if targets is None:
             return None, logprobs
