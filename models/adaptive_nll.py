@@ -1,20 +1,21 @@
 """The adaptive softmax's training NLL as one autograd Function: the head and every tail cluster in tiles
 (chunked_nll.py), each tail only on its planned rows (head_plan.py), and one gradient buffer per output table.
 
-Shape legend: T rows (B x N), W0 the head's input width, S shortlist, C clusters (C - 1 tails), H the head's columns
-(S + C - 1 padded up to a multiple of COL_MULTIPLE), V_i / W_i tail i's vocabulary size / input width, R_i its
-planned rows (-1 = padding, read as row 0 and masked out).
+Shape letters (models/shapes.md): T rows of a flattened batch (B·N), D_0 head's input width, V_0 shortlist (S in the
+code), Z clusters (the head and Z - 1 tails), V_h head's columns (V_0 + Z - 1 padded up to a multiple of
+COL_MULTIPLE), V vocabulary, V_i vocabulary of tail cluster i, D_i input width of tail cluster i, T_i rows planned for
+tail i (-1 = padding, read as row 0 and masked out).
 
     nll[t] = -log p_head(head column of target t)                 (its own column, or its cluster's)
-             - log p_tail_i(target t | cluster i)                  (only for the R_i rows planned for tail i)
+             - log p_tail_i(target t | cluster i)                  (only for the T_i rows planned for tail i)
 
-Why one Function: with one tied table (div_val 1) the head reads the table's first S rows and tail i its rows
-[lo, hi). As separate autograd nodes, each slice's backward zero-fills a whole [V, W] gradient and autograd adds
+Why one Function: with one tied table (div_val 1) the head reads the table's first V_0 rows and tail i its rows
+[lo, hi). As separate autograd nodes, each slice's backward zero-fills a whole [V, D_0] gradient and autograd adds
 them up: several full-table writes per step (548 MB each at WikiText-103). Here backward allocates each table's
 gradient once and every tile writes its own rows of it, once. The bias [V] is shared the same way; the tails'
-gathered input rows add into the head's input gradient [T, W0] instead of a zero-filled [T, W0] each.
+gathered input rows add into the head's input gradient [T, D_0] instead of a zero-filled [T, D_0] each.
 
-Why the head is padded: its width S + C - 1 (20,003 at WikiText-103) is not a multiple of 8, and cuBLAS then falls
+Why the head is padded: its width V_0 + Z - 1 (20,003 at WikiText-103) is not a multiple of 8, and cuBLAS then falls
 back to an unaligned kernel 6.6x slower (0.956 ms vs 0.145 ms for a 4096 x 512 x 20,003 bf16 GEMM on an H100). The
 padding columns have zero weights and bias -inf: exp(-inf) = 0 in the softmax, and their gradients, all zero, are
 dropped.
@@ -49,8 +50,8 @@ class TailSpec:
 class HeadLayout:
     """What serves which token: static, built once per module (Python ints only, so torch.compile sees constants)."""
 
-    shortlist: int  # S
-    head_cols: int  # H
+    shortlist: int  # V_0
+    head_cols: int  # V_h
     tails: tuple[TailSpec, ...]
     n_tables: int
     shared_input: bool  # one table (div_val 1): every tail reads the head's projected rows
@@ -76,7 +77,7 @@ def head_index(target: Tensor, layout: HeadLayout) -> Tensor:
 
 def head_matrix(layout: HeadLayout, table0: Tensor, bias: Tensor, cluster_weight: Tensor | None,
                 cluster_bias: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The head's weights [H, W0] and bias [H] in the matmul dtype: shortlist rows, cluster logits, padding."""
+    """The head's weights [V_h, D_0] and bias [V_h] in the matmul dtype: shortlist rows, cluster logits, padding."""
     S, pad = layout.shortlist, layout.head_cols - layout.shortlist - len(layout.tails)
     weights, biases = [table0[:S].to(dtype)], [bias[:S].to(dtype)]
     if layout.tails:
@@ -98,13 +99,13 @@ def _pieces(*pieces: tuple[int, int, Tensor | None]) -> Pieces:
 
 
 def _tail_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
-    """A plan's row list [R_i] -> (rows to read, padding read as row 0; which of them are real)."""
+    """A plan's row list [T_i] -> (rows to read, padding read as row 0; which of them are real)."""
     return rows.clamp(min=0), rows >= 0
 
 
-# AdaptiveNLL's inputs: layout, tiles, x0 [T, W0], target [T], bias [V], cluster_weight [C-1, W0], cluster_bias
-# [C-1], then the tables (from input FIRST_TABLE on), one rows tensor per tail, and (per-cluster tables only) one
-# input [R_i, W_i] per tail.
+# AdaptiveNLL's inputs: layout, tiles, x0 [T, D_0], target [T], bias [V], cluster_weight [Z - 1, D_0],
+# cluster_bias [Z - 1], then the tables (from input FIRST_TABLE on), one rows tensor per tail, and (per-cluster
+# tables only) one input [T_i, D_i] per tail.
 FIRST_TABLE = 7
 
 
@@ -176,8 +177,8 @@ def adaptive_nll(layout: HeadLayout, x0: Tensor, target: Tensor, bias: Tensor, c
                  tail_xs: list[Tensor]) -> Tensor:
     """-> nll [T] fp32 (float64 for float64 inputs), target [T] in [0, V) (ignored positions clamped by the caller).
 
-    x0 [T, W0]: the head's (projected) input. rows: per tail, the rows it scores (head_plan.TailPlan.rows).
-    tail_xs: with a table per cluster, tail i's projected input on its rows [R_i, W_i]; empty with one table (the
+    x0 [T, D_0]: the head's (projected) input. rows: per tail, the rows it scores (head_plan.TailPlan.rows).
+    tail_xs: with a table per cluster, tail i's projected input on its rows [T_i, D_i]; empty with one table (the
     tails then read x0's rows). The matmuls run in the autocast dtype when autocast is on, else in x0's; the
     parameters go in as they are (cast tile by tile inside)."""
     device = x0.device.type
