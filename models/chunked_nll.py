@@ -1,10 +1,11 @@
-"""The NLL of a linear layer's softmax at one index per row, in tiles: the [R, K] logits are never held whole.
+"""The NLL of a linear layer's softmax at one index per row, in tiles: the [T, V] logits are never held whole.
 
-Shape legend: R rows, W input width, K outputs (the softmax's columns), r x k one tile's rows x columns.
+Shape letters (models/shapes.md): T rows (of a flattened batch), D model width (the rows' width), V vocabulary (the
+softmax's columns, K in the code), r rows per tile, k columns per tile.
 
     nll[t] = logsumexp(x[t] @ weight.T + bias) - (x[t] @ weight[index[t]] + bias[index[t]])
 
-The plain way (`F.log_softmax(F.linear(x, weight, bias).float())`, then a gather) writes fp32 [R, K] logits and
+The plain way (`F.log_softmax(F.linear(x, weight, bias).float())`, then a gather) writes fp32 [T, V] logits and
 log-probabilities and keeps them for backward: 2 x 9,600 x 20,003 x 4 bytes = 1.5 GB per step at the WikiText-103
 head. Here the logits go through in tiles: forward keeps only each row's logsumexp (over column tiles: the
 logsumexp of the tiles' logsumexps), and backward recomputes a tile's logits to form its softmax gradient,
@@ -49,7 +50,7 @@ def spans(n: int, size: int | None) -> list[tuple[int, int | None]]:
 
 
 def _tile_logits(x: Tensor, weight: Tensor, bias: Tensor, c0: int, c1: int | None) -> Tensor:
-    """x [r, W], weight tile [k, W] (cast already) -> fp32 logits [r, k] of columns [c0, c1)."""
+    """x [r, D], weight tile [k, D] (cast already) -> fp32 logits [r, k] of columns [c0, c1)."""
     return F.linear(x, weight, bias[c0:c1].to(x.dtype)).to(accumulation_dtype(x.dtype))
 
 
@@ -61,7 +62,7 @@ def _in_tile(index: Tensor, c0: int, k: int) -> tuple[Tensor, Tensor]:
 
 def nll_forward(x: Tensor, weight: Tensor, bias: Tensor, index: Tensor, rows: int | None = None,
                 cols: int | None = None) -> tuple[Tensor, Tensor]:
-    """x [R, W], weight [K, W], bias [K], index [R] long in [0, K) -> (nll [R], lse [R]), both fp32 (float64 for
+    """x [T, D], weight [V, D], bias [V], index [T] long in [0, V) -> (nll [T], lse [T]), both fp32 (float64 for
     float64 x). rows/cols: the tile size along each side, None for the whole side."""
     K = weight.shape[0]
     nlls, lses = [], []
@@ -97,7 +98,7 @@ def write_pieces(pieces: Pieces, c0: int, tile: Tensor, first: bool) -> None:
 def nll_backward(x: Tensor, weight: Tensor, bias: Tensor, index: Tensor, lse: Tensor, grad: Tensor,
                  weight_pieces: Pieces, bias_pieces: Pieces, rows: int | None = None,
                  cols: int | None = None) -> Tensor:
-    """The gradients of sum(grad * nll_forward(...)[0]): returns d/dx [R, W] (fp32; float64 for float64 x) and
+    """The gradients of sum(grad * nll_forward(...)[0]): returns d/dx [T, D] (fp32; float64 for float64 x) and
     writes d/dweight and d/dbias into their pieces (each covered output exactly once by the first row tile)."""
     K = weight.shape[0]
     grad_x = []
@@ -105,7 +106,7 @@ def nll_backward(x: Tensor, weight: Tensor, bias: Tensor, index: Tensor, lse: Te
         xr, ir, lr, gr = x[r0:r1], index[r0:r1], lse[r0:r1], grad[r0:r1]
         gx = None
         for c0, c1 in spans(K, cols):
-            w = weight[c0:c1].to(x.dtype)  # [k, W]
+            w = weight[c0:c1].to(x.dtype)  # [k, D]
             logits = _tile_logits(xr, w, bias, c0, c1)
             # d nll / d logits = softmax - onehot(index), scaled by each row's incoming gradient
             g = logits.sub_(lr[:, None]).exp_()
