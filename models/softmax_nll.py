@@ -1,6 +1,7 @@
 """The training NLL of one full softmax with its linear layer, the gradient's [T, V] part formed in the forward pass.
 
-Shape legend: T rows, W input width, V outputs (the softmax's columns), r rows per tile.
+Shape letters (models/shapes.md): T rows (of a flattened batch), D model width (the rows' width), V vocabulary (the
+softmax's columns), r rows per tile.
 
     nll[t] = -log_softmax(x[t] @ weight.T + bias)[target[t]]
 
@@ -9,7 +10,7 @@ times besides the matmuls: addmm's bias copy, log_softmax's read and write, and 
 gradient, log_softmax's backward (two reads and a write) and the bias gradient's sum. At the peer benchmark's shape
 (T 1,024, V 8,000, one CPU thread) that is ~37 ms of a ~550 ms step. Here addmm's [T, V] logits are turned, r rows
 at a time while they are in the cache, into G = softmax - onehot(target) in the same buffer, and backward scales the
-[T, W] products by the per-row upstream gradient g instead of the [T, V] matrix:
+[T, D] products by the per-row upstream gradient g instead of the [T, V] matrix:
 
     d x = g * (G @ weight),   d weight = G.T @ (g * x),   d bias = G.T @ g
 
@@ -31,7 +32,7 @@ TILE_BYTES = 1 << 19  # rows per tile: as many as fit 512 KiB of fp32 logits (16
 class LinearSoftmaxNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, target: Tensor) -> Tensor:
-        # x [T, W], weight [V, W], bias [V], all fp32; target [T] in [0, V).
+        # x [T, D], weight [V, D], bias [V], all fp32; target [T] in [0, V).
         grad_t = torch.addmm(bias, x, weight.t())  # [T, V] logits, overwritten by G below
         T, V = grad_t.shape
         picked = torch.empty((T, 1), dtype=grad_t.dtype, device=grad_t.device)  # each row's target log-probability
