@@ -1,7 +1,8 @@
 """Which rows each tail cluster of the adaptive softmax scores: a row plan built where the targets still are on the
 host.
 
-Shape legend: T rows (B x N targets, flattened in order), R_i the rows planned for tail cluster i.
+Shape letters (models/shapes.md): B lanes, N segment length, T rows of a flattened batch (the B·N targets, in
+order), T_i rows planned for tail cluster i.
 
 The tails score only the rows whose target is in them. Finding those rows on the device (`nonzero`) is a host sync
 per cluster, and gives each cluster a row count that changes every batch. The trainer holds every batch's targets
@@ -30,7 +31,7 @@ ROW_MULTIPLE = 64
 @dataclass(frozen=True)
 class TailPlan:
     bounds: tuple[tuple[int, int], ...]  # the tail clusters' [lo, hi) token ranges, in order
-    rows: tuple[Tensor, ...]  # per tail cluster: int64 [R_i], rows of the flattened targets, -1 = padding
+    rows: tuple[Tensor, ...]  # per tail cluster: int64 [T_i], rows of the flattened targets, -1 = padding
     static: bool = False  # padded to fixed capacities: lengths left static for torch.compile (CUDA graphs)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TailPlan:
