@@ -64,8 +64,9 @@ class ModelConfig:
     # models/attention_triton.py; CUDA, or a CPU under TRITON_INTERPRET=1), "auto" = flex on CUDA, eager elsewhere.
     # Same function either way.
     attention: str = "auto"
-    # How training computes the softmax head's NLL: "full" (fp32 [T, V] log-probabilities), "chunked" (a chunk of rows
-    # at a time, never the whole [T, V]; models/chunked_nll.py), "auto" = chunked on CUDA. Same function either way.
+    # How training computes the softmax head's NLL: "full" (fp32 log-probabilities of every row over the vocabulary),
+    # "chunked" (a chunk of rows at a time, never all the rows' at once; models/chunked_nll.py), "auto" = chunked on
+    # CUDA. Same function either way.
     head_loss: str = "auto"
     # Adaptive input and softmax (Baevski & Auli); empty cutoffs means one plain softmax.
     d_embed: int = 0  # 0 means d_model
