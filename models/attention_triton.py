@@ -1,7 +1,8 @@
 """Relative-position attention as custom Triton kernels (forward and backward): `rel_attend_triton`.
 
-Shape legend: B lanes, Q queries, K keys, P distance slots, H heads, E head width; BQ, BK query and key tile
-sizes, nQT = ceil(Q / BQ), nKT = ceil(K / BK), G copies of the d r_k accumulator.
+Shape letters (models/shapes.md): B lanes, Q queries, K keys, P relative distances (the distance slots), H heads,
+E head width, BQ query tile rows, BK key tile rows, nQT query tiles (ceil(Q / BQ)), nKT key tiles (ceil(K / BK)),
+NG copies of the d r_k accumulator.
 
 The same function as `attention.attend` (without attention dropout or recording), for layouts whose distance slot
 is affine in (query, key): d(i, j) = offset + sign * (i - j), and whose mask is a [Q, K] structure shared by the
@@ -29,7 +30,7 @@ from . import attention_triton_kernels as kernels
 # slots at the same moment wait on each other, and copies spread them. Programs collide in lockstep: those of one
 # head walk their key tiles in step, and a tile's slots depend only on (query tile - key tile) (LaMemo's look-ahead:
 # every query tile starts at its diagonal, so all of them hit one band together). So the copy is chosen by lane
-# and query tile, (b * nQT + qt) mod G. On an H200 with 4 copies chosen by lane alone, LaMemo's look-ahead backward
+# and query tile, (b * nQT + qt) mod NG. On an H200 with 4 copies chosen by lane alone, LaMemo's look-ahead backward
 # (3x fewer pairs than Transformer-XL's) took longer than Transformer-XL's; 16 by (lane, query tile) is unmeasured.
 DR_COPIES = 16
 # Launch settings per kernel; benchmarks may change them.
