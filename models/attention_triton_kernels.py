@@ -1,8 +1,9 @@
 """Triton kernels of relative-position attention (Transformer-XL's score) with the position term computed per tile.
 
-Shape legend: B lanes, Q queries, K keys, P distance slots, H heads, E head width (BE: E padded to a power of two);
-BQ, BK the query and key tile sizes; BAND the slots one (query tile, key tile) pair touches, padded to a power of
-two. Per lane b and head h, with qu = (q + u) / sqrt(E) and qv = (q + v) / sqrt(E):
+Shape letters (models/shapes.md): B lanes, Q queries, K keys, P relative distances (the distance slots), H heads,
+E head width, BE head width E padded to a power of two, BQ query tile rows, BK key tile rows, BR rows of a tile a
+helper loads (BQ or BK), BAND distance slots one (query tile, key tile) pair touches (padded to a power of
+two). Per lane b and head h, with qu = (q + u) / sqrt(E) and qv = (q + v) / sqrt(E):
     s(i, j) = qu_i . k_j + qv_i . R[d(i, j)],   d(i, j) = offset + SIGN * (i - j)
     p = softmax_j(s masked to allowed(b, i, j) = structure[i, j] & key_valid[b, j]),  lse_i = log sum_j exp s(i, j)
 
