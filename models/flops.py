@@ -1,8 +1,9 @@
 """Analytic parameter counts and forward FLOPs per predicted token for every architecture.
 
-Shape legend: B lanes, N segment (target) length, M memory length, K = M + N keys, W = min(M, N) look-ahead
-window, L layers, D model width, H heads, E head width, A = H * E attention width, F = d_inner, V vocabulary,
-R memory tokens (RMT), C clusters of the adaptive softmax (len(cutoffs) + 1).
+Shape letters (models/shapes.md): B lanes, N segment length (the target length), M memory length, K keys
+(M + N), W look-ahead window (min(M, N)), L layers, D model width, H heads, E head width, A attention width (H·E),
+I inner width (d_inner; F_ in the code), V vocabulary, R memory tokens (RMT), Z clusters of the adaptive softmax
+(len(cutoffs) + 1).
 
 What `flops_per_token` counts
 -----------------------------
@@ -210,7 +211,7 @@ def matmul_flops(rows: float, d_in: int, d_out: int) -> float:
 
 
 def layer_dims(cfg: ModelConfig) -> tuple:
-    """D, A, F, L, N, M (the legend above) and the matmul counter."""
+    """D, A, I, L, N, M (the legend above; I is F_ where it is unpacked) and the matmul counter."""
     return cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.tgt_len, cfg.mem_len, matmul_flops
 
 
