@@ -91,7 +91,7 @@ def parse_lengths(text: str) -> list[int]:
 def trained_corpus(run_dir: Path) -> dict:
     """The manifest's corpus entry of the data the run was trained on."""
     from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.inference.evaluate import resolve_eval_config
+    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
 
     cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
     return load_manifest(Path(cfg.data.path)).get("corpus") or {}
@@ -168,8 +168,8 @@ def _babilong_source(args: argparse.Namespace, first_run: Path) -> Source:
 
 
 def check_runs(run_dirs: list[str]) -> list[LongRun]:
+    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
     from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-    from memlm.trainer.inference.evaluate import resolve_eval_config
 
     from .extrapolate_plan import unique_names
 

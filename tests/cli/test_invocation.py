@@ -47,7 +47,7 @@ def test_python_started_above_a_clone_named_memlm_finds_the_package(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["memlm.trainer.checkpoint.pretrained", str(ROOT / "memlm" / "cli.py")]
+    assert proc.stdout.split() == ["memlm.trainer.checkpoint.run_loader", str(ROOT / "memlm" / "cli.py")]
 
 
 @pytest.mark.parametrize("folder", ["ci-check", "main"])

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memlm.trainer.loop.recurrence import plain_state
-
 from .errors import ResumeError, UnsafeCheckpointError
+from .recurrent_state import plain_state
 from .safe_load import safe_load
 
 # Older memlm installed its folders as top-level packages, so its files name classes as `models.txl.TXLMemory` or

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from memlm.trainer.runtime import heartbeat
+
 from .model_card import eval_results, model_card
 from .pretrained import (
     ALIASES_KEY,
@@ -30,47 +32,37 @@ from .pretrained import (
     ExportError,
     is_export,
 )
+from .run_loader import open_run
+from .store import META, read_meta
 
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = "fp32", overwrite: bool = False,
                tag: str | None = None) -> Path:
     """Write the export folder `out` from RUN_DIR's checkpoint (`tag`, default the `latest` one); returns `out`."""
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.data_pipeline.tokenizers import load_tokenizer
-    from memlm.models import build_model
-    from memlm.trainer.config.run_config import load_config
-
-    from .store import find_checkpoint, read_meta, step_of
-    from .weights import load_weights
-
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: give one of {', '.join(DTYPES)}")
     if is_export(run_dir):
         raise ExportError(f"{run_dir} is already an export folder: copy it, or export its run folder")
-    config_path = run_dir / CONFIG
-    if not config_path.is_file():
-        raise ExportError(f"{config_path} is missing: {run_dir} is not a run folder written by `memlm train`")
+    run = open_run(run_dir, tag=tag)  # one line for a missing folder, config.yaml or checkpoint
     check_out(out, overwrite)
-    cfg = load_config(config_path)
-    ckpt_dir, tag = find_checkpoint(run_dir, tag)
-    meta = read_meta(ckpt_dir, tag) if (ckpt_dir / tag / "meta.json").is_file() else {}
-    data_dir = Path(cfg.data.path)
-    manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(data_dir / manifest["tokenizer"].get("path", TOKENIZER_DIR))
+    cfg, ckpt = run.config, run.checkpoint
+    meta = read_meta(ckpt.parent, ckpt.name) if (ckpt / META).is_file() else {}
+    data_dir, manifest = run.data()
+    tokenizer = run.tokenizer()
     trained_with = (meta.get("tokenizer") or {}).get("sha256")
     if trained_with and trained_with != tokenizer.identity()["sha256"]:
-        raise ExportError(f"{data_dir} now holds another tokenizer than {ckpt_dir / tag} was trained with (sha256 "
+        raise ExportError(f"{data_dir} now holds another tokenizer than {ckpt} was trained with (sha256 "
                           f"{tokenizer.identity()['sha256'][:12]}, trained {trained_with[:12]}): point data.path in "
-                          f"{config_path} at the run's data")
+                          f"{run_dir / CONFIG} at the run's data")
 
-    model = build_model(cfg.model)
-    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)  # refuses weights that do not fit the config
+    # The model the run trained (not the evaluation's lengths); the weights are refused when they do not fit it.
+    model = run.load_model(model_config=cfg.model)
     tensors, aliases = stored_tensors(model.state_dict(), DTYPES[dtype])
-    step = step_of(tag)
+    step = run.step
     marker = {
         "format": EXPORT_FORMAT, "arch": cfg.model.arch, "dtype": dtype, "vocab_size": cfg.model.vocab_size,
-        "parameters": sum(t.numel() for t in tensors.values()), "step": step, "checkpoint": tag,
+        "parameters": sum(t.numel() for t in tensors.values()), "step": step, "checkpoint": ckpt.name,
         "source_run": str(run_dir.resolve()), "tokenizer": tokenizer.identity(),
         "evaluations": eval_results(run_dir, step),
     }
@@ -87,7 +79,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = 
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp / WEIGHTS, 0o666 & ~umask)  # safetensors creates 0600; a file to hand on reads as its neighbours
-        shutil.copyfile(config_path, tmp / CONFIG)  # exactly what the run trained with
+        shutil.copyfile(run_dir / CONFIG, tmp / CONFIG)  # exactly what the run trained with
         tokenizer.save(tmp / TOKENIZER_DIR)
         (tmp / CARD).write_text(model_card(cfg, marker, manifest, weights_bytes=(tmp / WEIGHTS).stat().st_size),
                                 encoding="utf-8")
@@ -152,8 +144,6 @@ def main(args) -> int:
     import sys
 
     # DeepSpeed (imported to read the checkpoint) logs to the stdout it finds at import: keep stdout for the listing.
-    from memlm.trainer.runtime import heartbeat
-
     heartbeat.phase(f"exporting the weights of {args.run_dir}")  # memlm/start_watch.py: a line within 10 s
     with contextlib.redirect_stdout(sys.stderr):
         out = export_run(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)

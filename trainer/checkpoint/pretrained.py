@@ -1,7 +1,7 @@
 """Reading an export folder (`memlm export`, export.py): weights, config and tokenizer without DeepSpeed or pickle.
 
     from memlm import load_pretrained
-    model, tokenizer = load_pretrained("exports/txl")          # eval mode, on the CPU
+    model, tokenizer = load_pretrained("exports/txl")          # eval mode, on the CPU (run_loader.py)
 
 An export folder holds:
     memlm-export.json    the marker (format, arch, dtype, vocab size, step, tokenizer identity); written last
@@ -9,10 +9,10 @@ An export folder holds:
     config.yaml          the run's resolved config (model, data, eval sections ...), as `memlm train` wrote it
     tokenizer/           the data's tokenizer files (tokenizer.json, spm.model for sentencepiece)
     README.md            the model card
-Nothing in it is a pickle, so loading it runs no code. `memlm eval DIR` and `memlm generate DIR` take such a folder
-as they take a run folder (trainer/inference/). A folder whose files disagree (another arch's weights, a config
-edited afterwards), or a caller expecting another arch or vocabulary, is refused with one line naming the
-difference (ExportError, which the CLI prints as `memlm: error: ...`, exit 2).
+Nothing in it is a pickle, so loading it runs no code. `memlm eval DIR`, `memlm generate DIR` and the other commands
+that read a trained run take such a folder as they take a run folder (run_loader.py reads both). A folder whose files
+disagree (another arch's weights, a config edited afterwards), or a caller expecting another arch or vocabulary, is
+refused with one line naming the difference (ExportError, which the CLI prints as `memlm: error: ...`, exit 2).
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from memlm.data_pipeline.tokenizers import load_tokenizer
+from memlm.models import build_model
 
 from .errors import ResumeError
 
@@ -156,8 +159,6 @@ def first_difference(state: dict[str, torch.Tensor], expected: dict[str, torch.T
 
 def build_export_model(info: ExportInfo, mcfg) -> torch.nn.Module:
     """The model of `mcfg` (the folder's config, eval settings applied) with the folder's weights, on the CPU."""
-    from memlm.models import build_model
-
     if (mcfg.arch, mcfg.vocab_size) != (info.arch, info.vocab_size):
         raise ExportError(f"{info.path / CONFIG} describes a {mcfg.arch} model of {mcfg.vocab_size} ids but "
                           f"{info.path / MARKER} a {info.arch} one of {info.vocab_size}; {REEXPORT}")
@@ -168,23 +169,8 @@ def build_export_model(info: ExportInfo, mcfg) -> torch.nn.Module:
 
 def load_export_tokenizer(info: ExportInfo):
     """The folder's tokenizer, checked against the identity the marker recorded at export."""
-    from memlm.data_pipeline.tokenizers import load_tokenizer
-
     tokenizer = load_tokenizer(info.path / TOKENIZER_DIR)
     if tokenizer.identity().get("sha256") != info.tokenizer.get("sha256"):
         raise ExportError(f"{info.path / TOKENIZER_DIR} is not the tokenizer {info.path / MARKER} recorded (its "
                           f"files changed); {REEXPORT}")
     return tokenizer
-
-
-def load_pretrained(path: str | os.PathLike, expect_arch: str | None = None, expect_vocab_size: int | None = None,
-                    mem_len: int | None = None, device: str | torch.device = "cpu"):
-    """(model in eval mode, tokenizer) of an export folder: `from memlm import load_pretrained`.
-
-    expect_arch / expect_vocab_size: refuse (ExportError, one line) a folder of another arch or vocabulary.
-    mem_len: another memory length than the run's (memory length is configuration only)."""
-    check_expected(read_export(path), expect_arch, expect_vocab_size)
-    from memlm.trainer.inference.generate import load_run_model  # the one loader of `memlm generate` and eval
-
-    model, tokenizer, _ = load_run_model(path, mem_len=mem_len, device=device)
-    return model, tokenizer

@@ -23,9 +23,8 @@ import re
 import shutil
 from pathlib import Path
 
-from memlm.trainer.tracking.tracker import RUN_ID_FILE
-
 from . import run_lock
+from .run_files import RUN_ID_FILE
 from .run_lock import LOCK_FILE
 from .store import ResumeError
 

@@ -27,11 +27,20 @@ from typing import Any
 
 import torch
 
+from memlm.data_pipeline.stream import LaneStream
 from memlm.models.attention import causal_allowed
 from memlm.models.config import ConfigError
 from memlm.models.registry import arch_spec
 from memlm.models.rmt import rmt_allowed
 from memlm.models.txl import reset_valid
+from memlm.trainer.checkpoint.run_loader import load_run
+from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.process import prepare_process
+from memlm.trainer.tracking.client import open_client
+from memlm.trainer.tracking.tracker import RUN_ID_FILE, URI_FILE, error_reason
+
+from .analyze_plots import write_plots
+from .evaluate import write_json
 
 log = logging.getLogger(__name__)
 
@@ -219,32 +228,18 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
 def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int = 64, tag: str | None = None,
                 out_dir: str | os.PathLike | None = None, track: bool = True) -> dict[str, Any]:
     """Analyse RUN_DIR's checkpoint on `split`; write analysis JSON + plots; log them to the run's MLflow run."""
-    from memlm.data_pipeline.format import DataError
-    from memlm.data_pipeline.stream import LaneStream
-    from memlm.trainer.checkpoint.store import step_of
-    from memlm.trainer.runtime import heartbeat  # each slow step named: a line within 10 s (memlm/start_watch.py)
-
-    from .analyze_plots import write_plots
-    from .evaluate import write_json
-    from .generate import load_run_model
-
     if segments < 1:
         raise ConfigError(f"--segments must be >= 1, got {segments}")
     run_dir = Path(run_dir)
-    heartbeat.phase(f"loading the weights of {run_dir}")
-    model, _, cfg = load_run_model(run_dir, tag=tag)
-    data_dir = Path(cfg.data.path)
-    from memlm.data_pipeline.shards import load_manifest
-
-    if split not in load_manifest(data_dir).get("splits", {}):
-        raise DataError(f"{data_dir} has no split {split!r}")
+    heartbeat.phase(f"loading the weights of {run_dir}")  # each slow step named: a line within 10 s (start_watch.py)
+    model, _, run = load_run(run_dir, tag=tag)
+    cfg = run.config
+    data_dir, _ = run.data(split=split)
     stream = LaneStream(data_dir, split, lanes=1, seg_len=model.cfg.tgt_len, mode="eval",
                         continuous=cfg.data.continuous)
     heartbeat.phase(f"running {segments} {split} segment(s) with their attention recorded")
     result = collect(model, stream, segments)
-    from memlm.trainer.checkpoint.store import find_checkpoint
-
-    result.update(split=split, step=step_of(find_checkpoint(run_dir, tag)[1]))
+    result.update(split=split, step=run.step)
     out = Path(out_dir) if out_dir else run_dir / "analysis"
     files = [write_json(result, out / f"analysis-{split}.json")]
     title = f"{run_dir.name} ({result['arch']}, {split}, {result['segments']} segments)"
@@ -261,9 +256,6 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
 def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
     """Add the files to the training run's MLflow run under `analysis/` (False when the run is not tracked or
     MLflow fails: the files in the run folder stand, as for `memlm eval`)."""
-    from memlm.trainer.tracking.client import open_client
-    from memlm.trainer.tracking.tracker import RUN_ID_FILE, URI_FILE, error_reason
-
     id_file = run_dir / RUN_ID_FILE
     if not config.tracking.enabled or not id_file.is_file():
         return False
@@ -283,8 +275,6 @@ def log_to_mlflow(config, run_dir: Path, files: list[Path]) -> bool:
 
 
 def main(args) -> int:
-    from memlm.trainer.runtime.process import prepare_process
-
     prepare_process(who="analyze")  # threads that fit the cores
     result = analyze_run(args.run_dir, split=args.split, segments=args.segments)
     print(f"{args.run_dir}: {result['arch']}, {result['segments']} {args.split} segments")

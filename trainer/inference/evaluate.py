@@ -8,9 +8,10 @@ batches on every rank, so the loop below needs no end-of-data agreement: each ra
 count in float64 and one all-reduce adds them. Memory is emptied by the model wherever `reset` is true (a new
 document), so a document's score does not depend on which lane, rank or neighbour it was read with.
 
-Weights come from trainer/checkpoint/weights.py (any world size and ZeRO stage), or from an export folder's
-safetensors (trainer/checkpoint/pretrained.py; its data: config.yaml's data.path, or data_dir / --data). Memory
-length is configuration only, so the same weights load strictly at any --mem-len.
+The run is read by trainer/checkpoint/run_loader.py, the loader of every command that reads a trained run: weights
+from a checkpoint at any world size and ZeRO stage, or from an export folder's safetensors (its data: config.yaml's
+data.path, or data_dir / --data). Memory length is configuration only, so the same weights load strictly at any
+--mem-len.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from typing import Any
 import torch
 
 from memlm.data_pipeline.format import DataError
-from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+from memlm.data_pipeline.progress import Meter
 from memlm.data_pipeline.stream import LaneStream
-from memlm.models import build_model, map_memory
+from memlm.models import map_memory
 from memlm.models.config import ConfigError
-from memlm.trainer.checkpoint import pretrained
-from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-from memlm.trainer.checkpoint.weights import load_weights
-from memlm.trainer.config.run_config import RunConfig, eval_model_config, load_config, override_config
+from memlm.trainer.checkpoint.run_loader import open_run
+from memlm.trainer.checkpoint.run_loader import resolve_eval_config as resolve_eval_config  # bench/ imports it here
 from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.distributed import evaluation_group
 from memlm.trainer.runtime.process import prepare_process, refit_threads
+from memlm.trainer.tracking.tracker import log_eval_result
 
 RESULT_KEYS = ("split", "documents", "tokens", "nll", "ppl", "bpc", "tgt_len", "mem_len", "arch", "step")
 
@@ -71,8 +71,6 @@ def evaluate(model: torch.nn.Module, data_dir: str | os.PathLike, split: str, *,
     tokens = torch.zeros((), dtype=torch.float64, device=device)
     documents = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.float64, device=device)
-    from memlm.data_pipeline.progress import Meter
-
     total = stream.num_batches if not max_batches else min(max_batches, stream.num_batches or max_batches)
     meter = Meter(f"eval {split}", total=total, unit="batch", enabled=progress and rank == 0,
                   tokens_label="scored tokens" if world_size == 1 else "rank-0 scored tokens")
@@ -162,39 +160,20 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
     run_dir = Path(run_dir)
     if lanes is not None and lanes < 1:
         raise ConfigError(f"--lanes must be >= 1, got {lanes}")
-    cfg = resolve_eval_config(run_dir, split, tgt_len, mem_len, mem_mult, clamp_len, same_length)
-    export = pretrained.read_export(run_dir) if pretrained.is_export(run_dir) else None
-    if export is None:
-        ckpt_dir, tag = find_checkpoint(run_dir, tag)
-    data_dir = Path(data_dir or cfg.data.path)
-    try:
-        manifest = load_manifest(data_dir)  # DataError naming the folder when it is missing
-    except DataError as exc:
-        if export is None:
-            raise
-        # An export travels without its data: say how to point it at a copy.
-        raise DataError(f"{exc}; or give the export its data with --data DATA_DIR") from None
-    if split not in manifest.get("splits", {}):
-        raise DataError(f"{data_dir} has no split {split!r} (it has: {', '.join(manifest.get('splits', {}))})")
-    mcfg = eval_model_config(cfg)
-    if export is not None:
-        pretrained.check_data_tokenizer(export, manifest, data_dir)
-    check_vocab_size(manifest, mcfg.vocab_size)
+    run = open_run(run_dir, tag=tag, split=split, tgt_len=tgt_len, mem_len=mem_len, mem_mult=mem_mult,
+                   clamp_len=clamp_len, same_length=same_length)
+    cfg, export = run.config, run.export
+    data_dir, manifest = run.data(data_dir, split=split)
 
     prepare_process(who="eval")  # threads that fit this rank's cores (a Ray task has already set its own)
     with evaluation_group() as (rank, world_size, device), _start_watch(rank == 0 and progress):
-        heartbeat.phase(f"loading the weights of {run_dir if export is not None else ckpt_dir / tag}")
-        if export is not None:
-            model = pretrained.build_export_model(export, mcfg)
-        else:
-            model = build_model(mcfg)
-            model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
-        model.to(device)
+        heartbeat.phase(f"loading the weights of {run.weights}")
+        model = run.load_model(device)
         heartbeat.phase(None)  # the evaluation's own progress lines from here (its first within 8 s)
-        result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=mcfg.tgt_len,
+        result = evaluate(model, data_dir, split, lanes=lanes or cfg.data.eval_lanes, seg_len=model.cfg.tgt_len,
                           rank=rank, world_size=world_size, device=device, continuous=cfg.data.continuous,
                           progress=progress, accuracy=is_task(manifest))
-    result["step"] = export.step if export is not None else step_of(tag)
+    result["step"] = run.step
     if rank == 0 and export is not None:
         # An export folder is a finished artifact (maybe read-only, maybe shared): its results go where --json says.
         if json_path:
@@ -203,11 +182,7 @@ def evaluate_run(run_dir: str | os.PathLike, split: str = "valid", tgt_len: int 
         path = Path(json_path) if json_path else (
             run_dir / "eval" / f"{split}-step{result['step']}-tgt{result['tgt_len']}-mem{result['mem_len']}.json")
         write_json(result, path)
-        from memlm.trainer.tracking.tracker import (
-            log_eval_result,  # mlflow itself is imported only if the run is tracked
-        )
-
-        if track:
+        if track:  # mlflow itself is imported only if the run is tracked (tracking/tracker.py)
             log_eval_result(cfg, run_dir, result, path)
     return result
 
@@ -216,32 +191,6 @@ def is_task(manifest: dict) -> bool:
     """A data folder of an algorithmic task (`memlm prepare --corpus task`, or BABILong's files prepared with
     `--corpus babilong`): its evaluations report accuracy."""
     return (manifest.get("corpus") or {}).get("kind") in ("task", "babilong")
-
-
-def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, clamp_len, same_length) -> RunConfig:
-    """The run's resolved config with the evaluation settings applied (and validated: impossible ones refused)."""
-    if not run_dir.is_dir():
-        raise ConfigError(f"run folder {run_dir} does not exist")
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{config_path} is missing: {run_dir} is not a run folder written by `memlm train`")
-    if mem_len is not None and mem_mult is not None:
-        raise ConfigError(f"--mem-len {mem_len} and --mem-mult {mem_mult} are both set; give one")
-    cfg = load_config(config_path)
-    overrides: dict[str, Any] = {"eval.split": split}
-    if tgt_len is not None:
-        overrides["eval.tgt_len"] = tgt_len
-    if mem_len is not None:  # an explicit length replaces a multiplier stored in the run's eval section
-        overrides.update({"eval.mem_len": mem_len, "eval.mem_mult": 0.0})
-    if mem_mult is not None:
-        if mem_mult <= 0:
-            raise ConfigError(f"--mem-mult must be > 0, got {mem_mult}")
-        overrides.update({"eval.mem_mult": float(mem_mult), "eval.mem_len": -1})
-    if clamp_len is not None:
-        overrides["eval.clamp_len"] = clamp_len
-    if same_length is not None:
-        overrides["eval.same_length"] = same_length
-    return override_config(cfg, overrides)
 
 
 def write_json(result: dict[str, Any], path: Path) -> Path:

@@ -43,46 +43,12 @@ import torch
 from torch import Tensor
 
 from memlm.data_pipeline.format import DataError
-from memlm.data_pipeline.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer, load_tokenizer
-from memlm.models import build_model
+from memlm.data_pipeline.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
 from memlm.models.config import ConfigError
 from memlm.models.decoders import make_decoder
-
-# ---------------------------------------------------------------------------------------------------------------
-# Loading a run (the same path as `memlm eval`: resolved config, `latest` checkpoint, consolidated weights)
-
-
-def load_run_model(run_dir: str | os.PathLike, mem_len: int | None = None, tag: str | None = None,
-                   device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Tokenizer, object]:
-    """(model in eval mode, the data's tokenizer, the resolved RunConfig) of RUN_DIR's checkpoint, or of an export
-    folder (`memlm export`: its safetensors weights and tokenizer files; no data folder needed).
-
-    mem_len: another memory length than the run's (memory length is configuration only). User mistakes (no run
-    folder, no checkpoint, data moved) raise ConfigError / DataError with one line."""
-    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-    from memlm.trainer.checkpoint import pretrained
-    from memlm.trainer.checkpoint.store import find_checkpoint
-    from memlm.trainer.checkpoint.weights import load_weights
-    from memlm.trainer.config.run_config import eval_model_config
-
-    from .evaluate import resolve_eval_config
-
-    run_dir = Path(run_dir)
-    cfg = resolve_eval_config(run_dir, "test", None, mem_len, None, None, None)
-    if pretrained.is_export(run_dir):
-        info = pretrained.read_export(run_dir)
-        model = pretrained.build_export_model(info, eval_model_config(cfg))
-        return model.eval().to(device), pretrained.load_export_tokenizer(info), cfg
-    ckpt_dir, tag = find_checkpoint(run_dir, tag)
-    mcfg = eval_model_config(cfg)
-    data_dir = Path(cfg.data.path)
-    manifest = load_manifest(data_dir)
-    check_vocab_size(manifest, mcfg.vocab_size)
-    tokenizer = load_tokenizer(data_dir / manifest["tokenizer"].get("path", "tokenizer"))
-    model = build_model(mcfg)
-    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
-    return model.eval().to(device), tokenizer, cfg
-
+from memlm.trainer.checkpoint.run_loader import load_run
+from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.process import prepare_process
 
 # ---------------------------------------------------------------------------------------------------------------
 # One lane's decoding state
@@ -242,7 +208,7 @@ class Generator:
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, mem_len: int | None = None, tag: str | None = None,
                  device: str | torch.device = "cpu") -> "Generator":
-        model, tokenizer, _ = load_run_model(run_dir, mem_len=mem_len, tag=tag, device=device)
+        model, tokenizer, _ = load_run(run_dir, mem_len=mem_len, tag=tag, device=device)
         return cls(model, tokenizer, device)
 
     def encode_prompt(self, text: str) -> list[int]:
@@ -311,14 +277,10 @@ def main(args) -> int:
 
     settings = SamplingSettings(args.tokens, args.temperature, args.top_k, args.top_p, args.seed).validate()
     prompt = read_prompt(args.prompt, args.prompt_file)
-    from memlm.trainer.runtime.process import prepare_process
-
     prepare_process(who="generate")  # threads that fit the cores; its line goes to stderr, the text to stdout
     device = "cuda" if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu" else "cpu"
     # stdout carries the generated text only: DeepSpeed (imported while loading a checkpoint) logs to the stdout
     # it finds at import time, so it is imported with stdout pointing at stderr.
-    from memlm.trainer.runtime import heartbeat
-
     heartbeat.phase(f"loading the weights of {args.run_dir}")  # memlm/start_watch.py: a line within 10 s
     with contextlib.redirect_stdout(sys.stderr):
         gen = Generator.from_run(args.run_dir, mem_len=args.mem_len, device=device)

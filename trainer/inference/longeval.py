@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from memlm.data_pipeline import tasks
 from memlm.models.output import map_memory
+from memlm.trainer.checkpoint.run_loader import load_run
+
+from .longeval_baselines import baselines, mean_by_samples, task_labels_and_chance
 
 IGNORE = -100
 
@@ -74,13 +77,12 @@ def depth_windows(count: int) -> list[tuple[float, float]]:
 def cell_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
                  split: str) -> list:
     """`count` samples (tasks.Sample: prompt, answer) of `length` bytes with their facts in `window`."""
-    from memlm.data_pipeline.tasks import generate, resolve_options
-
     # A seed per (length, window) cell: cells never share samples, and any cell can be rerun alone.
     cell_seed = int(np.random.SeedSequence([seed, length, int(window[0] * 1e6)]).generate_state(1)[0] % 2**31)
-    resolved = resolve_options(task, {**options, "length": length, "depth_min": window[0], "depth_max": window[1],
-                                      "seed": cell_seed, "docs": {"train": 1, "valid": count, "test": count}})
-    return list(generate(task, split, resolved))
+    resolved = tasks.resolve_options(task, {**options, "length": length, "depth_min": window[0],
+                                            "depth_max": window[1], "seed": cell_seed,
+                                            "docs": {"train": 1, "valid": count, "test": count}})
+    return list(tasks.generate(task, split, resolved))
 
 
 def task_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
@@ -94,24 +96,17 @@ def as_doc(sample) -> tuple[np.ndarray, int]:
 
 
 def load_for_eval(run_dir: str | os.PathLike) -> tuple[torch.nn.Module, Any, Any, int | None, str]:
-    """(model in eval mode on the device, the data's tokenizer, the resolved RunConfig, checkpoint step, device) of
-    the run's latest checkpoint."""
-    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-
-    from .generate import load_run_model
-
+    """(model in eval mode on the device, the tokenizer, the resolved RunConfig, the weights' step, device) of the
+    run's latest checkpoint (or of an export folder)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer, cfg = load_run_model(run_dir, device=device)
-    _, tag = find_checkpoint(Path(run_dir), None)
-    return model, tokenizer, cfg, step_of(tag), device
+    model, tokenizer, run = load_run(run_dir, device=device)
+    return model, tokenizer, run.config, run.step, device
 
 
 def evaluate_length(run_dir: str | os.PathLike, task: str, options: dict, length: int, depths: int, samples: int,
                     seed: int = 0, split: str = "test", lanes: int | None = None) -> dict[str, Any]:
     """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes, with
     the baselines of a reader that does not learn on the same samples (longeval_baselines.py)."""
-    from .longeval_baselines import baselines, mean_by_samples, task_labels_and_chance
-
     model, tokenizer, cfg, step, device = load_for_eval(run_dir)
     labels, chance = task_labels_and_chance(task, options)
     rows = []

@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
+from memlm.data_pipeline import babilong
+from memlm.data_pipeline.tasks import SEP
 from memlm.models.output import map_memory
+
+from .longeval import load_for_eval
+from .longeval_baselines import baselines
 
 
 def greedy_answer(model: torch.nn.Module, ids: Sequence[int], *, max_new: int, stop_id: int,
@@ -72,8 +77,6 @@ def encode(tokenizer, text: str) -> list[int]:
 def answers(model: torch.nn.Module, tokenizer, prompts: Sequence[str], labels: Sequence[str], *,
             device: str | torch.device = "cpu") -> list[str]:
     """The text the model writes after each prompt + SEP."""
-    from memlm.data_pipeline.tasks import SEP
-
     max_new = max(len(encode(tokenizer, label)) for label in labels)
     was_training = model.training
     model.eval()
@@ -90,11 +93,6 @@ def evaluate_babilong(run_dir: str | os.PathLike, folder: str | os.PathLike, tas
                       samples: int | None = None) -> dict[str, Any]:
     """The run's latest checkpoint on the first `samples` records (all when None) of BABILong's `task` at `length`
     (a label: 0k, 1k, ...) in `folder`, with the baselines of a reader that does not learn, all by BABILong's rule."""
-    from memlm.data_pipeline import babilong
-
-    from .longeval import load_for_eval
-    from .longeval_baselines import baselines
-
     records = babilong.records(folder, task, length, samples)
     model, tokenizer, _, step, device = load_for_eval(run_dir)
     labels = babilong.TASK_LABELS[task]

@@ -33,9 +33,9 @@ and RMT's replay window dropped, so nothing computed by the forward that went wr
 lane can read across a document start that fell inside the skipped segments.
 
 Saved state is tensors and plain values only (a checkpoint is read with torch.load(weights_only=True), so it
-cannot run code): `plain_state` turns a memory dataclass (or a Segment) into a dict of its fields, and
-`load_state_dict` rebuilds the objects on this run's own empty memory, which fixes their types; a saved state
-whose fields do not match is refused naming the field.
+cannot run code): trainer/checkpoint/recurrent_state.py turns a memory dataclass (or a Segment) into a dict of its
+fields, and `load_state_dict` rebuilds the objects on this run's own empty memory, which fixes their types; a saved
+state whose fields do not match is refused naming the field.
 """
 
 from __future__ import annotations
@@ -50,12 +50,9 @@ from torch import Tensor
 
 from memlm.models import map_memory
 from memlm.models.registry import arch_spec
+from memlm.trainer.checkpoint.recurrent_state import RecurrenceStateError, plain_state, rebuild_state
 
 from .batch_transfer import DeviceSegment, options_for, scored_targets, segment_to_device, tail_planner
-
-
-class RecurrenceStateError(ValueError):
-    """A checkpoint's recurrent state that this run's schedule cannot continue; the message says how."""
 
 
 @dataclass
@@ -87,43 +84,6 @@ def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT
                       start_memory=model_cfg.bptt_choice("bptt_start_memory"),
                       new_segment_cache=model_cfg.bptt_choice("bptt_new_segment_cache"),
                       replay_reduction=model_cfg.bptt_choice("bptt_replay_reduction"), planner=planner)
-
-
-def plain_state(state: Any) -> Any:
-    """A memory state (dataclasses, lists, tensors, ints) as dicts, lists, CPU tensors and plain values."""
-    if isinstance(state, Tensor):
-        return state.detach().cpu()
-    if isinstance(state, (list, tuple)):
-        return [plain_state(s) for s in state]
-    if dataclasses.is_dataclass(state):
-        return {f.name: plain_state(getattr(state, f.name)) for f in dataclasses.fields(state)}
-    return state
-
-
-def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
-    """plain_state's inverse: `saved` rebuilt into `template`'s types (a fresh state of this run) on `device`."""
-    if dataclasses.is_dataclass(template):
-        names = {f.name for f in dataclasses.fields(template)}
-        if not isinstance(saved, dict) or set(saved) != names:
-            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
-            raise RecurrenceStateError(f"the checkpoint's {where} has fields {got}, this run's has {sorted(names)}; "
-                                       "resume with the model settings of the checkpoint, or start a new run folder")
-        return dataclasses.replace(template, **{n: rebuild_state(getattr(template, n), saved[n], device, f"{where}.{n}")
-                                                for n in names})
-    if isinstance(template, list):
-        if not isinstance(saved, list):
-            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a list")
-        # Lists hold one kind of element (per-layer tensors, window segments): the first one types them all.
-        element = template[0] if template else None
-        return [rebuild_state(element, s, device, f"{where}[{i}]") for i, s in enumerate(saved)]
-    if isinstance(template, Tensor) or isinstance(saved, Tensor):
-        if not isinstance(saved, Tensor):
-            raise RecurrenceStateError(f"the checkpoint's {where} is {type(saved).__name__}, expected a tensor")
-        # in the run's own dtype: a checkpoint's state kept in another (a bf16 run's first segments wrote fp32
-        # before the memory took the compute dtype) would change dtype at the next segment
-        return saved.to(device, template.dtype) if isinstance(template, Tensor) and saved.is_floating_point() \
-            else saved.to(device)
-    return saved
 
 
 def _detached(memory: Any) -> Any:

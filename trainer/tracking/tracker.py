@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple, Optional
 from urllib.parse import urlsplit, urlunsplit
 
+from memlm.trainer.checkpoint.run_files import RUN_ID_FILE
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
 
 from .client import open_client, set_environment
 
 log = logging.getLogger(__name__)
 
-RUN_ID_FILE = "mlflow_run_id"  # in the run folder: a resumed run continues the same MLflow run
-URI_FILE = "mlflow_tracking_uri"  # ... and the store that run lives in (`memlm eval` logs there from any folder)
+URI_FILE = "mlflow_tracking_uri"  # beside RUN_ID_FILE: the store that run lives in (`memlm eval` logs there too)
 STATUS_FILE = "mlflow_run_status"  # ... and how the run ended (FINISHED/FAILED/KILLED), for `memlm track` later
 LOCK_FILE = ".mlflow_tracker.lock"  # held while a Tracker runs: `memlm track` leaves a training run's folder alone
 FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, docs/design.md §9)

@@ -30,7 +30,8 @@ from safetensors.torch import load_file, save_file
 from memlm.cli import main
 from memlm.data_pipeline.tokenizers import load_tokenizer
 from memlm.models import build_model
-from memlm.trainer.checkpoint.pretrained import ExportError, load_pretrained
+from memlm.trainer.checkpoint.pretrained import ExportError
+from memlm.trainer.checkpoint.run_loader import load_pretrained
 from memlm.trainer.checkpoint.store import find_checkpoint
 from memlm.trainer.checkpoint.weights import load_weights
 from memlm.trainer.config.run_config import load_config
@@ -131,6 +132,22 @@ def test_eval_and_generate_give_the_runs_results(run, capsys):
     text = (card / "README.md").read_text()
     row = f"| test | {from_run['tgt_len']} | {from_run['mem_len']} | {from_run['tokens']:,} | {from_run['ppl']:.3f} |"
     assert "not evaluated" not in text and row in text
+
+
+def test_longeval_and_analyze_read_an_export_as_its_run(run, tmp_path):
+    """Every command that reads a trained run loads it one way (trainer/checkpoint/run_loader.py): longeval and
+    analyze took a run folder only (they looked for its checkpoints) and now read an export folder as its run."""
+    from memlm.trainer.inference.analyze import analyze_run
+    from memlm.trainer.inference.longeval import evaluate_length
+
+    from_run = evaluate_length(run["run"], "passkey", {}, 128, 1, 2)
+    assert from_run["step"] == 2  # the checkpoint global_step2
+    assert evaluate_length(run["fp32"], "passkey", {}, 128, 1, 2) == from_run
+    views = [analyze_run(folder, segments=2, out_dir=tmp_path / name, track=False)
+             for name, folder in (("run", run["run"]), ("export", run["fp32"]))]
+    for view in views:
+        view.pop("files")
+    assert views[1] == views[0] and views[0]["step"] == 2
 
 
 def test_one_line_loader_in_a_fresh_interpreter(run):
