@@ -24,15 +24,15 @@ roll(x', 2), roll(x', 3)]. A lane with an empty state (a fresh lane, a document 
 reads are exactly 0 and its first write takes gamma = 1, as the authors' first segment does. W_v starts at zero
 (the authors', model.assoc_value_init_std: 0), so a new model is the backbone until W_v learns.
 
-Gradients flow through A and z across segments: the trainer's window BPTT (trainer/loop/recurrence.py) replays
-the last bptt_depth segments, as for RMT; a state with more transitions behind it than bptt_depth is detached
-(RMT's rule, models/rmt.py). The authors backpropagate through every segment of a sample.
+Gradients flow through A and z across segments, as far back as the caller chains the state without cutting it
+(`ARMTMemory.detached()`): the trainer's BPTT schedules (trainer/loop/recurrence.py) replay the last bptt_depth
+segments, or run chunks of bptt_depth + 1, as for RMT. The authors backpropagate through every segment of a sample.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ from .flops import layer_dims, matmul_flops
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
 from .output import ModelOutput, cut, map_memory
-from .txl import TXLDecoder, TXLMemory
+from .txl import TXLDecoder
 from .txl import layer_flops as txl_layer_flops
 
 EPS = 1e-5  # the authors' epsilon in both denominators
@@ -53,24 +53,21 @@ DPFP_NU = 3
 
 @dataclass
 class ARMTMemory:
-    assoc: list[Tensor]  # L x [B, F, D] the associative matrices (A transposed), in the graph up to bptt_depth
+    assoc: list[Tensor]  # L x [B, F, D] the associative matrices (A transposed), in the graph as the caller left them
     norm: list[Tensor]  # L x [B, F] the normalisers z
     fresh: Tensor  # [B] bool: the lane's state is empty (its next write takes gamma = 1)
-    transitions: int  # memory transitions in the autograd graph behind the state (models/rmt.py's rule)
-    cache: TXLMemory  # no Transformer-XL cache (M = 0): here so that the trainer's window BPTT reads it as RMT's
-
-    @property
-    def valid(self) -> Tensor:
-        return self.cache.valid
+    # Fields checkpoints of older memlm saved in this state, dropped when one is resumed: the model's count of its
+    # BPTT transitions, and an empty Transformer-XL cache the trainer's window once needed (it is optional now)
+    retired_fields: ClassVar[tuple[str, ...]] = ("transitions", "cache")
 
     @property
     def key_valid(self) -> Tensor:
         """[B, 0]: no cached keys; the associative state is read by every row (the memory interface)."""
-        return self.cache.valid
+        return self.fresh.new_zeros(self.fresh.shape[0], 0)
 
     def detached(self) -> "ARMTMemory":
-        """The state cut from the autograd graph, its transition count back to 0."""
-        return dataclasses.replace(map_memory(cut, self), transitions=0)
+        """The state cut from the autograd graph."""
+        return map_memory(cut, self)
 
 
 def dpfp(x: Tensor, nu: int = DPFP_NU) -> Tensor:
@@ -129,21 +126,14 @@ class AssociativeRMT(Backbone):
             assoc=[torch.zeros(B, width, cfg.d_model, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
             norm=[torch.zeros(B, width, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
             fresh=torch.ones(B, dtype=torch.bool, device=device),
-            transitions=0,
-            cache=TXLMemory(hidden=[torch.zeros(B, 0, cfg.d_model, device=device, dtype=dtype)] * cfg.n_layer,
-                            valid=torch.zeros(B, 0, dtype=torch.bool, device=device)),
         )
 
-    def state_in(self, memory: ARMTMemory, reset: Tensor | None, dtype) -> tuple[list, list, Tensor, int]:
-        """The state this segment reads: empty for fresh or reset lanes, detached when it has more than
-        bptt_depth transitions behind it. -> (A per layer, z per layer, fresh [B], transitions)."""
+    def state_in(self, memory: ARMTMemory, reset: Tensor | None, dtype) -> tuple[list, list, Tensor]:
+        """The state this segment reads: empty for fresh or reset lanes. -> (A per layer, z per layer, fresh [B])."""
         fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
-        assoc, norm, transitions = memory.assoc, memory.norm, memory.transitions
-        if transitions > self.cfg.bptt_depth:
-            assoc, norm, transitions = [a.detach() for a in assoc], [z.detach() for z in norm], 0
         keep = (~fresh).to(dtype)
-        return ([a.to(dtype) * keep[:, None, None] for a in assoc], [z.to(dtype) * keep[:, None] for z in norm],
-                fresh, transitions)
+        return ([a.to(dtype) * keep[:, None, None] for a in memory.assoc],
+                [z.to(dtype) * keep[:, None] for z in memory.norm], fresh)
 
     def forward(
         self,
@@ -159,9 +149,9 @@ class AssociativeRMT(Backbone):
         R = cfg.num_mem_tokens
         x = self.embed(tokens)  # [B, N, D]
         learned = self.learned.fetch()
-        assoc, norm, fresh, transitions = self.state_in(memory, reset, x.dtype)
+        assoc, norm, fresh = self.state_in(memory, reset, x.dtype)
         h = self.drop(torch.cat([x, learned["memory_init"].to(x.dtype)[None].expand(B, -1, -1)], dim=1))  # [B, Q, D]
-        none = memory.cache.valid.new_zeros(B, 0)
+        none = fresh.new_zeros(B, 0)
         layout = causal_layout(N + R, 0, none, False)
         allowed = layout.allowed  # [B, Q, Q]
         kernel_mask = self.kernel_mask(layout)
@@ -179,8 +169,7 @@ class AssociativeRMT(Backbone):
             new_norm.append(z)
 
         nll, logits = self.predict(h[:, :N], targets, return_logits, tail_plan)
-        new_memory = ARMTMemory(assoc=new_assoc, norm=new_norm, fresh=torch.zeros_like(fresh),
-                                transitions=transitions + 1, cache=memory.cache)
+        new_memory = ARMTMemory(assoc=new_assoc, norm=new_norm, fresh=torch.zeros_like(fresh))
         return ModelOutput(nll=nll, logits=logits, memory=new_memory)
 
 
@@ -218,7 +207,7 @@ class ARMTDecoder(TXLDecoder):
     def begin(self, memory) -> None:
         super().begin(memory)
         dtype = self.keys[0].dtype
-        assoc, norm, _, _ = self.model.state_in(memory, None, dtype)
+        assoc, norm, _ = self.model.state_in(memory, None, dtype)
         self.assoc, self.norm = assoc, norm
 
     def layer_input(self, l: int, h: Tensor) -> Tensor:

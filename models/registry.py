@@ -100,7 +100,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
                       "assoc_value_init_std"),
              layer_flops="memlm.models.armt:layer_flops", extra_params="memlm.models.armt:extra_params",
              memory_tokens="num_mem_tokens", recurrence="memory_bptt", decoder="memlm.models.armt:ARMTDecoder",
-             test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4)), checks="memlm.models.arch_checks:armt"),
+             test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4), ("assoc_value_init_std", 0.1)),
+             checks="memlm.models.arch_checks:armt"),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -46,12 +47,16 @@ CACHE, READ, TOKENS, WRITE = -1, 0, 1, 2
 
 @dataclass
 class RMTMemory:
-    tokens: Tensor  # [B, R, D] memory tokens the next segment reads (and rewrites); in the graph up to bptt_depth
+    # [B, R, D] memory tokens the next segment reads (and rewrites), in the autograd graph as the caller left them
+    # (the trainer's BPTT schedules cut them: trainer/loop/recurrence.py)
+    tokens: Tensor
     fresh: Tensor  # [B] bool: lane holds no memory yet; forward puts the learned initial memory there
-    transitions: int  # memory transitions in the autograd graph behind `tokens` (see the model's docstring)
     # Transformer-XL cache (rows of [read|tokens|write] or tokens only), detached; M slots (0: none). Its `hidden`
     # holds per layer the rows' layer inputs [B, M, D], or with cache_keys_values their keys and values [B, M, 2A].
     cache: TXLMemory
+    # Fields checkpoints of older memlm saved in this state, dropped when one is resumed (the model counted its
+    # BPTT transitions until the trainer's schedules alone enforced bptt_depth)
+    retired_fields: ClassVar[tuple[str, ...]] = ("transitions",)
 
     @property
     def valid(self) -> Tensor:
@@ -64,8 +69,8 @@ class RMTMemory:
         return self.cache.valid  # the Transformer-XL cache's (memory tokens are always read)
 
     def detached(self) -> "RMTMemory":
-        """The same state cut from the autograd graph, its transition count back to 0."""
-        return dataclasses.replace(self, tokens=cut(self.tokens), transitions=0)
+        """The same state cut from the autograd graph (the cache is never in it)."""
+        return dataclasses.replace(self, tokens=cut(self.tokens))
 
 
 def rmt_allowed(n_mem_tokens: int, n_tokens: int, cache_valid: Tensor, same_length: bool = False,
@@ -126,23 +131,10 @@ def rmt_positions(n_mem_tokens: int, n_tokens: int, mem_len: int, device: torch.
 class RecurrentMemoryTransformer(Backbone):
     """RMT: Transformer-XL layers over [read | tokens | write], the write outputs carried to the next segment.
 
-    Backpropagation through time (cfg.bptt_depth = k): the loss of a segment reaches at most the k previous
-    segments through the memory tokens, and a cut beyond that is a real detach. `RMTMemory.transitions` counts
-    the memory transitions (segment -> next segment) in the autograd graph behind the memory tokens it holds,
-    i.e. how many previous segments the next segment's loss would reach. forward:
-      * if memory.transitions > k, the incoming tokens are detached and the count becomes 0;
-      * the outgoing memory's count is the (possibly reset) incoming count + 1.
-    Starting from init_memory (count 0), segments 1..k+1 form one window: segment s reaches the s - 1 segments
-    before it, segment k+1 reaches exactly the last k, and segment k+2 starts over from a detached memory. So
-    with k = 0 the memory is always detached, and with k = 1 segments pair up (1 alone, 2 -> 1, 3 alone,
-    4 -> 3, ...). The trainer runs k+1 segments before each backward, which keeps its windows aligned with these
-    (a memory carried across a backward has count k+1 and is cut by the next forward). The count follows this
-    schedule for the whole batch, whatever the resets: a lane that is reset mid-window simply has fewer
-    transitions behind it. `RMTMemory.detached()` cuts by hand and restarts the count.
-
-    The trainer's default `bptt_mode: window` starts every micro-batch from a detached memory and replays the
-    lane's last k segments before the new one (trainer/loop/recurrence.py), so the count never exceeds k there and
-    this rule never fires; `bptt_mode: chunk` relies on it.
+    Backpropagation through time: the memory tokens a segment writes stay in the autograd graph, so a loss reaches
+    every earlier segment the caller chained without cutting the state (`RMTMemory.detached()`). How far back is
+    the trainer's schedule (trainer/loop/recurrence.py), the one place model.bptt_depth = k is enforced: the paper's
+    window (the lane's last k segments replayed before each new one) or chunks of k + 1 new segments.
 
     The first memory is the learned parameter `memory_init` [R, D]; it is used again, per lane, for every lane
     that is reset or fresh (a parameter, so those lanes' losses reach it). The Transformer-XL cache (mem_len > 0)
@@ -163,7 +155,6 @@ class RecurrentMemoryTransformer(Backbone):
         return RMTMemory(
             tokens=torch.zeros(B, R, D, device=device, dtype=dtype),
             fresh=torch.ones(B, dtype=torch.bool, device=device),
-            transitions=0,
             cache=TXLMemory(
                 hidden=[torch.zeros(B, M, width, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
                 valid=torch.zeros(B, M, dtype=torch.bool, device=device),
@@ -176,19 +167,15 @@ class RecurrentMemoryTransformer(Backbone):
         cfg = self.cfg
         return 2 * cfg.n_head * cfg.d_head if cfg.cache_keys_values else cfg.d_model
 
-    def read_memory(
-        self, memory: RMTMemory, reset: Tensor | None, memory_init: Tensor, dtype: torch.dtype
-    ) -> tuple[Tensor, int]:
-        """The memory tokens this segment reads [B, R, D] and the transition count behind them."""
-        tokens, transitions = memory.tokens, memory.transitions
-        if transitions > self.cfg.bptt_depth:
-            # This segment's loss would reach more than bptt_depth earlier segments: cut the graph here.
-            tokens, transitions = tokens.detach(), 0
+    def read_memory(self, memory: RMTMemory, reset: Tensor | None, memory_init: Tensor, dtype: torch.dtype) -> Tensor:
+        """The memory tokens this segment reads [B, R, D]: the state's, or the learned initial memory in fresh or
+        reset lanes."""
+        tokens = memory.tokens
         fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
         if self.cfg.bptt_choice("memory_init_grad") == "detached":  # the authors' loop at k >= 1: never trained
             memory_init = memory_init.detach()
         init = memory_init.to(dtype)[None].expand(tokens.shape[0], -1, -1)
-        return torch.where(fresh[:, None, None], init, tokens.to(dtype)), transitions
+        return torch.where(fresh[:, None, None], init, tokens.to(dtype))
 
     def cached_kv_layer_step(self, layer, h: Tensor, cached: Tensor, r: Tensor, pos_index: Tensor, allowed: Tensor,
                              bias_u: Tensor, bias_v: Tensor, kernel_mask, record,
@@ -232,7 +219,7 @@ class RecurrentMemoryTransformer(Backbone):
         R, M = cfg.num_mem_tokens, cfg.mem_len
         x = self.embed(tokens)  # [B, N, D]
         learned = self.learned.fetch()
-        mem, transitions = self.read_memory(memory, reset, learned["memory_init"], x.dtype)  # [B, R, D]
+        mem = self.read_memory(memory, reset, learned["memory_init"], x.dtype)  # [B, R, D]
         h = self.drop(torch.cat([mem, x, mem], dim=1))  # [B, Q, D]: the same memory at both ends
         valid = reset_valid(memory.cache.valid, reset)
         cached_rows = 2 * R + N if cfg.cache_memory_rows else N  # rows that enter the cache per segment
@@ -263,7 +250,6 @@ class RecurrentMemoryTransformer(Backbone):
         new_memory = RMTMemory(
             tokens=write,
             fresh=torch.zeros_like(memory.fresh),
-            transitions=transitions + 1,
             cache=TXLMemory(hidden=new_cache if M else memory.cache.hidden, valid=roll_valid(valid, cached_rows, M)),
         )
         return ModelOutput(nll=nll, logits=logits, memory=new_memory, aux_loss=self.memory_loss(write))
@@ -318,7 +304,7 @@ class RMTDecoder(SegmentDecoder):
         self.t = 0
         self._buffers(B, M + R, device, dtype)
         learned = model.learned.fetch()
-        read, _ = model.read_memory(memory, None, learned["memory_init"], dtype)  # [B, R, D]
+        read = model.read_memory(memory, None, learned["memory_init"], dtype)  # [B, R, D]
         self.allowed = rmt_allowed(R, N, valid, cfg.same_length, cfg.read_mem_from_cache,
                                    cfg.write_mem_from_cache)  # [B, 2R + N, K]
         distances, self.index = rmt_positions(R, N, M, device)  # [P], [2R + N, K]

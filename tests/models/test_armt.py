@@ -65,15 +65,14 @@ def test_a_new_model_reads_nothing_until_its_values_learn():
     torch.testing.assert_close(after.nll, alone.nll, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("depth", [0, 1, 2])
-def test_the_loss_reaches_exactly_bptt_depth_earlier_segments(depth):
-    """Through the state, segment depth + 1 (counting from a fresh memory) reaches the depth segments before it
-    (they wrote what it reads), and the segment after it starts a new window: it reaches none (RMT's rule)."""
+def test_the_loss_reaches_every_segment_the_state_was_chained_through():
+    """Through the state, a segment's loss reaches every earlier segment that wrote what it reads, until the
+    caller cuts the state (`detached()`): the model never cuts it itself. How far back training reaches is the
+    trainer's schedule (model.bptt_depth: tests/trainer/loop/test_rmt_bptt.py)."""
     torch.manual_seed(5)
-    model = build_model(tiny(num_mem_tokens=2, assoc_dim=3, bptt_depth=depth, init_std=0.2,
-                             assoc_value_init_std=0.3))
+    model = build_model(tiny(num_mem_tokens=2, assoc_dim=3, bptt_depth=1, init_std=0.2, assoc_value_init_std=0.3))
     model.train()
-    N, D, S = model.cfg.tgt_len, model.cfg.d_model, depth + 2
+    N, D, S = model.cfg.tgt_len, model.cfg.d_model, 4
     tokens = torch.randint(0, 50, (1, N * S))
     offsets = [torch.zeros(1, N, D, requires_grad=True) for _ in range(S)]  # added to each segment's embeddings
     memory, losses = model.init_memory(1), []
@@ -81,15 +80,14 @@ def test_the_loss_reaches_exactly_bptt_depth_earlier_segments(depth):
         hook = model.embed.register_forward_hook(lambda _m, _i, out, k=k: out + offsets[k])
         out = model(tokens[:, k * N : (k + 1) * N], memory, targets=tokens[:, k * N : (k + 1) * N])
         hook.remove()
-        memory = out.memory
+        memory = out.memory.detached() if k == 1 else out.memory  # cut after the second segment
         losses.append(out.nll.mean())
 
     def reached(k):
-        grads = torch.autograd.grad(losses[k], offsets[:k], allow_unused=True) if k else ()
+        grads = torch.autograd.grad(losses[k], offsets[:k], allow_unused=True, retain_graph=True) if k else ()
         return [j for j, g in enumerate(grads) if g is not None and g.abs().sum() > 0]
 
-    assert reached(depth) == list(range(depth))
-    assert reached(depth + 1) == []
+    assert [reached(k) for k in range(S)] == [[], [0], [], [2]]
 
 
 def test_config_errors_name_the_key():

@@ -15,21 +15,19 @@ import torch
 
 from memlm.models import ARCHITECTURES, build_model
 from memlm.models.head_plan import tail_plan
-from support.models import tiny_model_config
+from support.models import registry_config
 
 # `-m 'not slow'` leaves these out: torch.compile of every arch, 100 s in all on 2 busy cores
 pytestmark = pytest.mark.slow
 
-MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
 # One layer: what compiles is the same at any depth, at half the trace time. Three segments: the first captures;
 # a recompile would come at the second (the carried state's layout) or at a reset.
 SEGMENTS = 3
 
 
 def _config(name: str, **fields):
-    spec = ARCHITECTURES[name]
-    return tiny_model_config(**{"arch": name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
-                                "vocab_size": 300, "cutoffs": [40, 120], "dropout": 0.0, "n_layer": 1, **fields})
+    return registry_config(ARCHITECTURES[name], **{"vocab_size": 300, "cutoffs": [40, 120], "dropout": 0.0,
+                                                   "n_layer": 1, **fields})
 
 
 def _graphs_per_segment(model, train: bool) -> tuple[list[int], dict]:

@@ -7,14 +7,8 @@ import torch
 from memlm.models import ARCHITECTURES, ArchSpec, ConfigError, ModelConfig, build_model, map_memory
 from memlm.models import registry as registry_module
 from memlm.models.flops import flops_per_token, param_count
+from support.models import registry_config as _tiny
 from support.models import tiny_model_config
-
-MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
-
-
-def _tiny(spec: ArchSpec, **fields) -> ModelConfig:
-    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
-                                **fields})
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))

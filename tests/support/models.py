@@ -15,6 +15,17 @@ def tiny_model_config(**fields) -> ModelConfig:
     return ModelConfig(**{**TINY, **fields})
 
 
+# A tiny model's mem_len under each registry cache rule (models/registry.py MEM_LEN_RULES)
+MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
+
+
+def registry_config(spec, **fields) -> ModelConfig:
+    """TINY for the registry entry `spec` (its cache rule's mem_len, its test_settings), with `fields` replaced: what
+    the tests that run every registered arch build it with, a new arch included."""
+    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
+                                **fields})
+
+
 def perturbed(model):
     """Fresh LayerNorms and biases are trivial (ones and zeros): make the reference use them for real."""
     with torch.no_grad():

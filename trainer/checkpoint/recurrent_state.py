@@ -31,10 +31,12 @@ def plain_state(state: Any) -> Any:
 
 
 def rebuild_state(template: Any, saved: Any, device, where: str) -> Any:
-    """plain_state's inverse: `saved` rebuilt into `template`'s types (a fresh state of this run) on `device`."""
+    """plain_state's inverse: `saved` rebuilt into `template`'s types (a fresh state of this run) on `device`.
+    A state's `retired_fields` (fields older memlm saved in it, models/README.md's memory protocol) are dropped."""
     if dataclasses.is_dataclass(template):
         names = {f.name for f in dataclasses.fields(template)}
-        if not isinstance(saved, dict) or set(saved) != names:
+        retired = set(getattr(template, "retired_fields", ()))
+        if not isinstance(saved, dict) or not names <= set(saved) <= names | retired:
             got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
             raise RecurrenceStateError(f"the checkpoint's {where} has fields {got}, this run's has {sorted(names)}; "
                                        "resume with the model settings of the checkpoint, or start a new run folder")

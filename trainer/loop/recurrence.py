@@ -70,7 +70,9 @@ class Segment:
     tokens: Tensor  # [B, N]
     targets: Tensor  # [B, N], -100 = ignore
     reset: Tensor  # [B] bool: the lane started a new document here
-    cache: Any  # the Transformer-XL cache (TXLMemory) the new segment before it left, detached: what a replay reads
+    # the state's stop-gradient `cache` (RMT's Transformer-XL cache) the new segment before it left: what a replay
+    # reads; None for a state without one (ARMT)
+    cache: Any
 
 
 def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT | WindowBPTT":
@@ -88,6 +90,17 @@ def make_recurrence(model_cfg, memory, device) -> "SegmentRecurrence | ChunkBPTT
 
 def _detached(memory: Any) -> Any:
     return memory.detached()
+
+
+def _cache(memory: Any) -> Any:
+    """The window BPTT's part of a state: its stop-gradient `cache` field, or None where it has none (models/README.md,
+    the memory protocol)."""
+    return getattr(memory, "cache", None)
+
+
+def _with_cache(memory: Any, cache: Any) -> Any:
+    """The state reading `cache` as its cache field (the state itself where it has none)."""
+    return memory if cache is None else dataclasses.replace(memory, cache=cache)
 
 
 def _nll_sum(out) -> Tensor:
@@ -209,25 +222,25 @@ class WindowBPTT(_Recurrence):
     def step(self, forward: Callable, next_batch: Callable[[], Any]) -> MicroBatch:
         tokens, targets, reset, new_count, plan = self._read(next_batch)
         start = self.stored[0] if self.start_memory == "stored" and self.window else self.memory
-        memory = dataclasses.replace(start, transitions=0)  # cut from every earlier graph
+        memory = start  # cut from every earlier graph (advance() and clear() store it detached)
         scored, after_replay, parts = [], [], []  # parts: (summed NLL, targets) per scored segment
         for seg, seg_count in zip(self.window, self.scored, strict=True):
-            out = forward(seg.tokens, dataclasses.replace(memory, cache=seg.cache), reset=seg.reset,
+            out = forward(seg.tokens, _with_cache(memory, seg.cache), reset=seg.reset,
                           targets=seg.targets if self.replay_loss else None)
             if self.replay_loss:
                 parts.append((_nll_sum(out), seg_count))
                 scored.append(out)
             memory = out.memory
             after_replay.append(memory)
-        cache = memory.cache if self.new_segment_cache == "replayed" and self.window else self.memory.cache
+        cache = _cache(memory) if self.new_segment_cache == "replayed" and self.window else _cache(self.memory)
         # the new segment's plan; a replayed segment's loss (bptt_replay_loss) finds its tail rows on the device
-        out = forward(tokens, dataclasses.replace(memory, cache=cache), reset=reset, targets=targets, tail_plan=plan)
+        out = forward(tokens, _with_cache(memory, cache), reset=reset, targets=targets, tail_plan=plan)
         new_nll = _nll_sum(out)
         parts.append((new_nll, new_count))
         scored.append(out)
         # The window keeps the cache from before the replay, whichever one the new segment read: the authors'
         # prev_mems entry is the previous new segment's output, and their replays read it.
-        self._next = (Segment(tokens, targets, reset, self.memory.cache), new_count, out.memory,
+        self._next = (Segment(tokens, targets, reset, _cache(self.memory)), new_count, out.memory,
                       after_replay[0] if after_replay else out.memory)
         if self.replay_reduction == "segment_sum":
             nll_term = sum(seg_nll / max(seg_count, 1) for seg_nll, seg_count in parts)
@@ -252,7 +265,8 @@ class WindowBPTT(_Recurrence):
             if self.stored:
                 self.stored.pop(0)
             start = after_oldest
-        self.memory = dataclasses.replace(_detached(start), cache=_detached(newest.cache))
+        cache = _cache(newest)
+        self.memory = _with_cache(_detached(start), None if cache is None else _detached(cache))
 
     def clear(self) -> None:
         """Memory emptied and nothing left to replay: the next segment's loss reaches no earlier segment."""
@@ -268,10 +282,12 @@ class WindowBPTT(_Recurrence):
     def load_state_dict(self, state: dict) -> None:
         self._check_kind(state)
         empty = torch.empty(0)
-        segment = Segment(tokens=empty, targets=empty, reset=empty, cache=self.memory.cache)
+        segment = Segment(tokens=empty, targets=empty, reset=empty, cache=_cache(self.memory))
         template = self.memory
         self.memory = rebuild_state(template, state["memory"], self.device, "memory")
         self.window = rebuild_state([segment], state["window"], self.device, "window")
+        if segment.cache is None:  # a checkpoint of older memlm kept ARMT's empty cache in every window segment
+            self.window = [dataclasses.replace(seg, cache=None) for seg in self.window]
         # Counted from the saved targets, host tensors (checkpoints load to the CPU), not from the device copies.
         self.scored = [scored_targets(saved["targets"]) for saved in state["window"]]
         if len(self.window) > self.depth:

@@ -2,6 +2,9 @@
 
 * window mode (the paper): segment s's loss reaches exactly min(s, k) earlier segments, cut at a document start;
 * chunk mode (truncated BPTT): reach 0, 1, ..., k, 0, 1, ..., k;
+  both for every registered arch trained through its memory (RMT, ARMT): the schedule is the one place bptt_depth
+  is enforced, the models carry the graph as far as they are chained;
+* a checkpoint of older memlm (its states held a count of transitions; ARMT's an empty cache) resumes;
 * window mode equals explicit loops written here (losses and every gradient, float64, with optimizer steps between):
   memlm's recipe its own reading of the paper, `bptt_recipe: authors` the RMT authors' train.py in their order;
 * tokens per step: B x N in window mode, (k + 1) x B x N in chunk mode;
@@ -20,15 +23,27 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memlm.models import ConfigError, build_model
+from memlm.models import ARCHITECTURES, ConfigError, build_model
 from memlm.models.rmt import RMTMemory
+from memlm.models.txl import TXLMemory
+from memlm.trainer.checkpoint.recurrent_state import RecurrenceStateError, plain_state
 from memlm.trainer.loop.recurrence import ChunkBPTT, SegmentRecurrence, WindowBPTT, make_recurrence
-from support.models import tiny_model_config
+from support.models import registry_config, tiny_model_config
 
 B, N = 2, 8
 
 
 tiny = functools.partial(tiny_model_config, arch="rmt", tgt_len=N, mem_len=0, num_mem_tokens=2)
+# Every registered arch the trainer runs through its memory (window or chunk BPTT)
+MEMORY_BPTT = sorted(name for name, spec in ARCHITECTURES.items() if spec.recurrence == "memory_bptt")
+
+
+def bptt_config(arch: str, **fields):
+    """RMT as `tiny`; any other arch as its registry tiny configuration, with a Transformer-XL cache only where
+    asked for."""
+    spec = ARCHITECTURES[arch]
+    return registry_config(spec, tgt_len=N, **{"mem_len": 0, **fields}) if spec.mem_len != "positive" else \
+        registry_config(spec, tgt_len=N, **fields)
 
 def make_batches(n_seg: int, doc_starts: dict[int, set[int]], seed: int = 0) -> list[SimpleNamespace]:
     """n_seg batches [B, N] of distinct random tokens; lane b starts a document at segment 0 and at each segment
@@ -73,10 +88,11 @@ def reach(loss_lane: torch.Tensor, calls, segment: int) -> int:
     return segment - min(reached)
 
 
-def measured_reach(mode: str, k: int, n_seg: int, doc_starts: dict[int, set[int]], mem_len: int = 0):
+def measured_reach(mode: str, k: int, n_seg: int, doc_starts: dict[int, set[int]], mem_len: int = 0,
+                   arch: str = "rmt"):
     """Per lane, the reach of each new segment's loss: lists of length n_seg."""
     torch.manual_seed(k)
-    model = build_model(tiny(bptt_depth=k, bptt_mode=mode, mem_len=mem_len)).train()
+    model = build_model(bptt_config(arch, bptt_depth=k, bptt_mode=mode, mem_len=mem_len)).train()
     batches = make_batches(n_seg, doc_starts)
     stream = iter(batches)
     recurrence = make_recurrence(model.cfg, model.init_memory(B), "cpu")
@@ -106,13 +122,14 @@ def expected_reach(mode: str, k: int, n_seg: int, starts: set[int]) -> list[int]
     return out
 
 
+@pytest.mark.parametrize("arch", MEMORY_BPTT)
 @pytest.mark.parametrize("mode", ["window", "chunk"])
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
-def test_gradient_reach_per_segment(mode, k):
+def test_gradient_reach_per_segment(mode, k, arch):
     """Lane 0 reads one long document, lane 1 starts a new one at segment 5 (inside a window)."""
     n_seg = (k + 1) * max(3, -(-8 // (k + 1)))  # whole chunks, at least 8 segments and 3 windows
     doc_starts = {1: {5}}
-    got = measured_reach(mode, k, n_seg, doc_starts)
+    got = measured_reach(mode, k, n_seg, doc_starts, arch=arch)
     print(f"\n{mode} k={k}: lane 0 {got[0]}  lane 1 (document start at 5) {got[1]}")
     assert got[0] == expected_reach(mode, k, n_seg, set())
     assert got[1] == expected_reach(mode, k, n_seg, {5})
@@ -224,7 +241,7 @@ def authors_loop(model, batches, k, steps, lr, bptt_bp=False):
 
     def forward(batch, tokens, cache):
         reset = torch.zeros_like(batch.reset) if batch is batches[0] else batch.reset
-        memory = RMTMemory(tokens=tokens, fresh=torch.zeros(B, dtype=torch.bool), transitions=0, cache=cache)
+        memory = RMTMemory(tokens=tokens, fresh=torch.zeros(B, dtype=torch.bool), cache=cache)
         out = model(batch.tokens, memory, reset=reset, targets=batch.targets)
         return out.memory.tokens, out.memory.cache, out.nll.sum() / int((batch.targets != -100).sum())
 
@@ -410,6 +427,39 @@ def test_aux_loss_weight_does_not_change_with_k(mode):
             raw = torch.stack([raw_aux_nll(model, c.out.memory.tokens) for c in scored]).mean()
             assert float(mb.loss) == pytest.approx(weight * float(raw), rel=1e-5), (k, mode)
             recurrence.advance()
+
+
+@pytest.mark.parametrize("arch", MEMORY_BPTT)
+@pytest.mark.parametrize("mode", ["window", "chunk"])
+def test_a_checkpoint_of_older_memlm_resumes(mode, arch):
+    """Older memlm saved the models' count of BPTT transitions in RMT's and ARMT's states, and ARMT's empty
+    Transformer-XL cache in its state and in each window segment (the window read it as RMT's): a resume drops them
+    (`retired_fields`) and goes on as the run that wrote the checkpoint; another unknown field is still refused."""
+    torch.manual_seed(0)
+    model = build_model(bptt_config(arch, bptt_depth=2, bptt_mode=mode)).train()
+    stream = iter(make_batches(7, {}))  # two chunk steps of 3 segments and one more
+    writer = make_recurrence(model.cfg, model.init_memory(B), "cpu")
+    for _ in range(2):
+        writer.step(model, lambda: next(stream))
+        writer.advance()
+    old = writer.state_dict()
+    memory = writer.memory
+    old["memory"]["transitions"] = 0
+    if not hasattr(memory, "cache"):
+        cfg = model.cfg
+        empty = plain_state(TXLMemory(hidden=[torch.zeros(B, 0, cfg.d_model)] * cfg.n_layer,
+                                      valid=torch.zeros(B, 0, dtype=torch.bool)))
+        old["memory"]["cache"] = empty
+        for segment in old.get("window", []):
+            segment["cache"] = empty
+    reader = make_recurrence(model.cfg, model.init_memory(B), "cpu")
+    reader.load_state_dict(old)
+    batch = next(stream)
+    losses = [float(r.step(model, lambda: batch).loss) for r in (writer, reader)]
+    assert losses[0] == losses[1]
+    old["memory"]["bogus"] = 0
+    with pytest.raises(RecurrenceStateError, match="the checkpoint's memory has fields"):
+        make_recurrence(model.cfg, model.init_memory(B), "cpu").load_state_dict(old)
 
 
 def test_non_rmt_archs_take_one_segment():
