@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import causal_index, relative_encodings
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .flops import layer_dims, matmul_flops
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
@@ -159,11 +159,11 @@ class AssociativeRMT(Backbone):
         r = self.drop(relative_encodings(torch.arange(N + R, device=tokens.device), cfg.d_model, cfg.clamp_len,
                                          h.dtype))
         empty = h[:, :0]  # [B, 0, D]: no cache
+        inputs = LayerInputs(r, pos_index, allowed, kernel_mask, None, learned["bias_u"], learned["bias_v"], None)
         new_assoc, new_norm = [], []
-        for l, layer in enumerate(self.layers):
+        for l in range(cfg.n_layer):
             h = h + self.assoc[l].read(h, assoc[l], norm[l])
-            h = self.layer_step(layer, h, empty, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), kernel_mask, None)
+            h = self.run_layer(l, h, empty, inputs)
             a, z = self.assoc[l].write(h[:, N:], assoc[l], norm[l], fresh)
             new_assoc.append(a)
             new_norm.append(z)

@@ -6,7 +6,8 @@ K keys (X + Q), P relative distances, L layers, D model width, H heads, E head w
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,21 @@ class LearnedTensors(nn.Module):
     def fetch(self) -> dict[str, Tensor]:
         """{name: tensor} for use inside the model's forward."""
         return dict(zip(self._parameters, self()))
+
+
+@dataclass
+class LayerInputs:
+    """What every layer of one forward attends with, built once per forward: `Backbone.run_layer` hands each layer
+    these with its own biases and recorder."""
+
+    r: Tensor  # [P, D] relative encodings of the P distances pos_index names
+    pos_index: Tensor  # [Q, M + Q] long
+    allowed: Tensor  # [B or 1, Q, M + Q] bool
+    kernel_mask: Any  # kernel_mask(layout) or None (einsum path)
+    pos_offset: int | None  # the layout's offset where pos_index[i, j] = offset + i - j (attend); None: gathered
+    bias_u: Tensor  # [H, E], or [L, H, E] with untie_r (layer_bias picks the layer's)
+    bias_v: Tensor
+    record: str | None  # the kind the analyses receive the attention weights as ("causal", "rmt"); None: never
 
 
 class Backbone(nn.Module):
@@ -109,6 +125,16 @@ class Backbone(nn.Module):
                             layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask,
                             pos_offset=pos_offset)
         return layer.finish(h, context)
+
+    def run_layer(self, l: int, h: Tensor, cached: Tensor, inputs: LayerInputs, *extra, step=None, **named):
+        """Layer l over the rows h and its cached rows: `layer_step` (or `step`, an arch's own variant taking the
+        same leading arguments) with the layer's biases and the analyses' recorder. extra, named: what an arch's
+        step takes beyond them (the ∞-former's long-term memory, LaMemo's look-ahead). The one layer loop body
+        every arch's forward runs."""
+        record = self.record_to(inputs.record, l) if inputs.record else None
+        return (step or self.layer_step)(self.layers[l], h, cached, inputs.r, inputs.pos_index, inputs.allowed,
+                                         self.layer_bias(inputs.bias_u, l), self.layer_bias(inputs.bias_v, l),
+                                         inputs.kernel_mask, record, inputs.pos_offset, *extra, **named)
 
     def compile_layers(self, **options) -> None:
         """torch.compile one layer's work (`layer_step`) instead of the whole forward: every layer runs the same

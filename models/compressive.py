@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import RelativeLayer, causal_index, relative_encodings
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .flops import layer_dims
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
@@ -135,6 +135,7 @@ class CompressiveTransformer(Backbone):
         new_slots_valid = leaving_valid.view(B, N // c, c).all(dim=-1)  # [B, N / c]
 
         learned = self.learned.fetch()
+        inputs = LayerInputs(r, pos_index, allowed, kernel_mask, None, learned["bias_u"], learned["bias_v"], "causal")
         new_hidden, new_compressed, reconstruction = [], [], []
         for l, layer in enumerate(self.layers):
             mem_in = memory.hidden[l].to(h.dtype)  # [B, M, D]
@@ -148,9 +149,7 @@ class CompressiveTransformer(Backbone):
             if self.training and cfg.compression_loss_weight > 0:
                 reconstruction.append(self.reconstruction_error(layer, h, leaving, leaving_valid, slots,
                                                                 new_slots_valid))
-            h = self.layer_step(layer, h, torch.cat([compressed_in, mem_in], dim=1), r, pos_index, allowed,
-                                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l),
-                                kernel_mask, self.record_to("causal", l))
+            h = self.run_layer(l, h, torch.cat([compressed_in, mem_in], dim=1), inputs)
 
         nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = CompressiveMemory(

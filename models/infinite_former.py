@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import RelativeLayer, attend, causal_index, relative_encodings
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .flops import layer_dims
 from .head_plan import TailPlan
 from .mask_layout import causal_layout
@@ -269,17 +269,15 @@ class InfiniteFormer(Backbone):
         fit = self.signal_fit(N, tokens.device, h.dtype)
 
         learned = self.learned.fetch()
+        inputs = LayerInputs(r, pos_index, allowed, kernel_mask, None, learned["bias_u"], learned["bias_v"], "causal")
         new_hidden, new_coefficients = [], []
-        for l, layer in enumerate(self.layers):
+        for l in range(cfg.n_layer):
             mem_in = memory.hidden[l].to(h.dtype)  # [B, M, D]
             coefficients = memory.coefficients[l].to(h.dtype) * keep[:, None, None]  # [B, J, D]
             rows = torch.cat([mem_in, h], dim=1)  # [B, M + N, D] this layer's inputs, oldest first
             if M:
                 new_hidden.append(cut(rows[:, N:]))
-            h_out, mu, sigma_sq = self.layer_step(
-                layer, self.long_term[l], h, mem_in, coefficients, r, pos_index, allowed,
-                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), kernel_mask,
-                self.record_to("causal", l))
+            h_out, mu, sigma_sq = self.run_layer(l, h, mem_in, inputs, self.long_term[l], coefficients)
             new_coefficients.append(cut(self.update_signal(fit, coefficients, rows[:, :N] * leaving_valid[..., None],
                                                            leaving_valid, mu, sigma_sq)))
             h = h_out
@@ -292,17 +290,19 @@ class InfiniteFormer(Backbone):
     def layer_step(
         self,
         layer: RelativeLayer,
-        long_term: LongTermAttention,
         h: Tensor,  # [B, N, D]
         cached: Tensor,  # [B, M, D] the short-term memory
-        coefficients: Tensor,  # [B, J, D] the long-term signal
         r: Tensor, pos_index: Tensor, allowed: Tensor, bias_u: Tensor, bias_v: Tensor, kernel_mask, record,
+        pos_offset: int | None,
+        long_term: LongTermAttention,
+        coefficients: Tensor,  # [B, J, D] the long-term signal
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Backbone.layer_step with the long-term memory's output added to the attention's: the new h [B, N, D],
         and the densities' mu, sigma^2 [B, H, N] (sticky memories read them)."""
         q, k, v = layer.attn.project_with_memory(layer.attn_input(cached), layer.attn_input(h))  # [B, *, H, E]
         context, _ = attend(q, k, v, layer.attn.project_positions(r), pos_index, allowed, bias_u, bias_v,
-                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask)
+                            layer.attn.dropatt, need_lognorm=False, record=record, kernel_mask=kernel_mask,
+                            pos_offset=pos_offset)
         recalled, mu, sigma_sq = long_term(q, coefficients)
         return layer.finish(h, context, extra=recalled), mu, sigma_sq
 

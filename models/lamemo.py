@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .attention import RelativeLayer, attend, causal_allowed, causal_index, relative_encodings, spread_masked
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .decoders import SegmentDecoder
 from .flops import layer_dims, segment_components
 from .head_plan import TailPlan
@@ -136,18 +136,18 @@ class LaMemo(Backbone):
             r_ahead = None
 
         learned = self.learned.fetch()
+        inputs = LayerInputs(r_cur, index_cur, allowed_cur, mask_cur, None, learned["bias_u"], learned["bias_v"],
+                             "causal")
         new_context, new_lognorm = [], []
         rows = torch.cat([h_mem, h_cur], dim=1)  # [B, K, D] the layer input over memory and segment
-        for l, layer in enumerate(self.layers):
+        for l in range(L):
             v_ahead = None
             if cfg.lookahead:
                 v_ahead = self.layer_bias(learned["bias_v" if cfg.rpe == "xl" else "bias_v_ahead"], l)
-            rows, ctx_all, lognorm_all = self.layer_step(
-                layer, rows, memory.context[l].to(dtype), memory.lognorm[l], r_cur, r_ahead,
-                index_cur, allowed_cur, mask_cur, start, index_ahead, allowed_ahead, mask_ahead,
-                self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l), v_ahead, l == L - 1,
-                (self.record_to("causal", l), self.record_to("lookahead", l), self.record_to("alpha", l)),
-            )
+            rows, ctx_all, lognorm_all = self.run_layer(
+                l, rows, memory.context[l].to(dtype), inputs, memory.lognorm[l], r_ahead, start, index_ahead,
+                allowed_ahead, mask_ahead, v_ahead, l == L - 1, (self.record_to("lookahead", l),
+                                                                   self.record_to("alpha", l)))
             new_context.append(cut(ctx_all[:, -M:]))
             new_lognorm.append(cut(lognorm_all[:, -M:]))
 
@@ -165,14 +165,16 @@ class LaMemo(Backbone):
         layer: RelativeLayer,
         rows: Tensor,  # [B, K, D] this layer's input over the memory positions and the segment (K = M + N)
         ctx_mem: Tensor,  # [B, M, H, E] the memory's cached attention context
-        lognorm_mem: Tensor,  # [B, M, H] and its log-normaliser
         r_cur: Tensor,  # [M + N, D] encodings of distances 0..M+N-1
+        index_cur: Tensor, allowed_cur: Tensor,  # the segment's causal attention
+        bias_u: Tensor, bias_v: Tensor,  # [H, E] each
+        mask_cur, record_causal, pos_offset: int | None,  # its kernel mask, the analyses' receiver, None (gathered)
+        lognorm_mem: Tensor,  # [B, M, H] the cached context's log-normaliser
         r_ahead: Tensor | None,  # [M, D] look-ahead encodings, None where rows 1..M of r_cur serve
-        index_cur: Tensor, allowed_cur: Tensor, mask_cur,  # the segment's causal attention
         start: int, index_ahead: Tensor, allowed_ahead: Tensor, mask_ahead,  # the memory's look-ahead
-        bias_u: Tensor, bias_v: Tensor, bias_v_ahead: Tensor | None,  # [H, E] each
+        bias_v_ahead: Tensor | None,  # [H, E]
         last: bool,  # the last layer: its memory rows feed nothing, only the cache is updated
-        records: tuple,  # (causal, lookahead, alpha) receivers or None (analyses)
+        records: tuple,  # (lookahead, alpha) receivers or None (analyses)
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One LaMemo layer: the segment attends causally to memory and itself; the memory looks ahead at the
         segment and its context is interpolated with the cached one (eq. 10-11). Returns the next layer's rows
@@ -182,11 +184,11 @@ class LaMemo(Backbone):
         graphs (the inner layers' and the last one's)."""
         M = self.cfg.mem_len
         N = rows.shape[1] - M
-        record_causal, record_ahead, record_alpha = records
+        record_ahead, record_alpha = records
         q, k, v = layer.attn.project(layer.attn_input(rows))  # [B, K, H, E] each
         r_k = layer.attn.project_positions(r_cur)  # [M + N, H, E] distances 0..M+N-1
         ctx_cur, lognorm_cur = attend(q[:, M:], k, v, r_k, index_cur, allowed_cur, bias_u, bias_v, layer.attn.dropatt,
-                                      record=record_causal, kernel_mask=mask_cur)
+                                      record=record_causal, kernel_mask=mask_cur, pos_offset=pos_offset)
         if self.cfg.lookahead:
             r_k_ahead = r_k[1 : M + 1] if r_ahead is None else layer.attn.project_positions(r_ahead)
             window = slice(start, M + 1)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .attention import attend, relative_encodings, spread_masked
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .decoders import SegmentDecoder
 from .flops import head_row_flops, layer_dims, segment_components, softmax_clusters
 from .head_plan import TailPlan
@@ -230,20 +230,19 @@ class RecurrentMemoryTransformer(Backbone):
         distances, pos_index = rmt_positions(R, N, M, tokens.device)  # [P], [Q, K]
         r = self.drop(relative_encodings(distances, cfg.d_model, cfg.clamp_len, h.dtype))
 
+        inputs = LayerInputs(r, pos_index, allowed, kernel_mask, layout.offset, learned["bias_u"], learned["bias_v"],
+                             "rmt")
         new_cache = []
-        for l, layer in enumerate(self.layers):
-            bias_u, bias_v = self.layer_bias(learned["bias_u"], l), self.layer_bias(learned["bias_v"], l)
+        for l in range(cfg.n_layer):
             if M and cfg.cache_keys_values:
-                h, kv = self.cached_kv_layer_step(layer, h, memory.cache.hidden[l], r, pos_index, allowed, bias_u,
-                                                  bias_v, kernel_mask, self.record_to("rmt", l), layout.offset)
+                h, kv = self.run_layer(l, h, memory.cache.hidden[l], inputs, step=self.cached_kv_layer_step)
                 new_cache.append(kv)
                 continue
             cached = memory.cache.hidden[l].to(h.dtype)  # [B, M, D]
             if M:
                 rows = h if cfg.cache_memory_rows else h[:, R : R + N]  # [B, Q or N, D]
                 new_cache.append(cut(last_rows(cached, rows, M)))
-            h = self.layer_step(layer, h, cached, r, pos_index, allowed, bias_u, bias_v, kernel_mask,
-                                self.record_to("rmt", l), layout.offset)
+            h = self.run_layer(l, h, cached, inputs)
 
         _, hidden, write = h.split([R, N, R], dim=1)
         nll, logits = self.predict(hidden, targets, return_logits, tail_plan)

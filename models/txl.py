@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .attention import causal_allowed, causal_index, relative_encodings
-from .backbone import Backbone
+from .backbone import Backbone, LayerInputs
 from .decoders import SegmentDecoder
 from .flops import layer_dims, segment_components
 from .head_plan import TailPlan
@@ -97,14 +97,14 @@ class TransformerXL(Backbone):
                                          h.dtype))
 
         learned = self.learned.fetch()
+        inputs = LayerInputs(r, pos_index, allowed, kernel_mask, layout.offset, learned["bias_u"], learned["bias_v"],
+                             "causal")
         new_hidden = []
-        for l, layer in enumerate(self.layers):
+        for l in range(cfg.n_layer):
             mem_in = memory.hidden[l].to(h.dtype)  # [B, M, D]
             if M:
                 new_hidden.append(cut(last_rows(mem_in, h, M)))
-            h = self.layer_step(layer, h, mem_in, r, pos_index, allowed, self.layer_bias(learned["bias_u"], l),
-                                self.layer_bias(learned["bias_v"], l), kernel_mask, self.record_to("causal", l),
-                                layout.offset)
+            h = self.run_layer(l, h, mem_in, inputs)
 
         nll, logits = self.predict(h, targets, return_logits, tail_plan)
         new_memory = TXLMemory(hidden=new_hidden if M else memory.hidden, valid=roll_valid(valid, N, M))
