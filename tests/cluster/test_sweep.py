@@ -308,13 +308,13 @@ def _sweep_cmd(sweep_file: Path, sweep_dir: Path, data: Path) -> list[str]:
 
 
 # Two trials one after the other: the cheapest sweep that can be stopped with one trial finished and one under way.
-# A tiny step takes ~25 ms: 200 steps with the first checkpoint at step 20 leave seconds to interrupt in (with 10
-# steps the second trial could finish between two polls).
-SERIAL_STEPS = 200
+# A tiny step takes ~25 ms: 100 steps with the first checkpoint at step 20 leave seconds to interrupt in (with 10
+# steps the second trial could finish between two polls; 200 cost the suite 200 more steps for no check).
+SERIAL_STEPS = 100
 SERIAL_SWEEP = f"""\
 name: serial
 base: tiny/lamemo
-overrides: {{train.steps: {SERIAL_STEPS}, train.eval_every: 100, train.save_every: 20, train.eval_batches: 2,
+overrides: {{train.steps: {SERIAL_STEPS}, train.eval_every: 50, train.save_every: 20, train.eval_batches: 2,
              train.warmup_steps: 0, train.log_every: 10}}
 space:
   train.lr: {{grid: [1.0e-3, 3.0e-3]}}
