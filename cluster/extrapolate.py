@@ -36,6 +36,7 @@ from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
 from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
+from .ray_flags import check_ray_flags
 from .ray_runtime import error_reason
 
 DEFAULT_OUT = "extrapolation"
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     from .ray_runtime import quiet_console_env
 
     quiet_console_env()  # before anything imports ray
-    _check_flags(args)
+    check_ray_flags(args)
     if not args.address:  # what the local Ray will have is known before it starts
         from .ray_runtime import local_resources
 
@@ -253,17 +254,3 @@ def _mult_text(mults: list[int]) -> str:
     return f"{mults[0]}..{mults[-1]}" if contiguous and len(mults) > 2 else ",".join(map(str, mults))
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    if args.cpus_per_task <= 0:
-        raise ClusterError(f"--cpus-per-task must be > 0, got {args.cpus_per_task:g}")
-    if args.gpus_per_task < 0:
-        raise ClusterError(f"--gpus-per-task must be >= 0, got {args.gpus_per_task:g}")
-    if args.max_retries < 0:
-        raise ClusterError(f"--max-retries must be >= 0, got {args.max_retries}")
-    if args.lanes is not None and args.lanes < 1:
-        raise ClusterError(f"--lanes must be >= 1, got {args.lanes}")
-    if args.num_cpus is not None and args.num_cpus < 1:
-        raise ClusterError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    if args.address and args.num_cpus is not None:
-        raise ClusterError("--num-cpus sizes a local Ray; an existing cluster (--address) has its own CPUs: "
-                           "give one of the two")

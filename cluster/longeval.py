@@ -31,6 +31,7 @@ from .errors import ClusterError
 from .extrapolate import RETRY_EXCEPTIONS
 from .longeval_outputs import log_run, summary, table, write_outputs
 from .longeval_plan import Source, check_runs, parse_lengths, source_of
+from .ray_flags import check_ray_flags
 from .ray_runtime import error_reason
 
 DEFAULT_OUT = "longeval"
@@ -40,8 +41,7 @@ def main(args: argparse.Namespace) -> int:
     from .ray_runtime import quiet_console_env
 
     quiet_console_env()
-    if args.address and args.num_cpus is not None:
-        raise ClusterError("--num-cpus sizes a local Ray; an existing cluster (--address) has its own CPUs: give one")
+    check_ray_flags(args)
     if args.babilong is None and args.lengths is not None:
         parse_lengths(args.lengths)  # a bad --lengths is refused before the runs are read
     runs = check_runs(args.run_dirs)

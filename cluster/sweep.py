@@ -36,6 +36,7 @@ from memlm.trainer.config import presets
 from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
+from .ray_flags import check_ray_flags
 from .sweep_config import Sweep, load_sweep
 from .sweep_tracking import ParentRun, markdown_table, trials_csv
 from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn, trial_nodes
@@ -54,9 +55,7 @@ def main(args: argparse.Namespace) -> int:
 
     quiet_console_env()  # before anything imports ray
     sweep = load_sweep(args.sweep, args.overrides, args.num_samples)
-    if args.address and args.num_cpus is not None:
-        raise ClusterError("--num-cpus sizes a local Ray; an existing cluster (--address) has its own CPUs: "
-                           "give one of the two")
+    check_ray_flags(args)
     if not args.address:  # what the local Ray will have is known before it starts
         _refuse_unless_trials_fit(sweep, local_resources(args.num_cpus), "the local Ray would have", args)
     sweep_dir = Path(args.out or Path("sweeps") / sweep.name).resolve()

@@ -15,6 +15,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from memlm.cluster.ray_flags import add_ray_flags  # imports neither ray nor torch
+
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
 # data_pipeline/tasks.py's TASKS, spelled out so that `memlm --help` loads no numpy (tests/cli checks they agree)
 TASK_NAMES = ["copy", "reverse", "retrieval", "quadratic", "qa1", "qa2", "qa3", "passkey"]
@@ -481,16 +483,8 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--mult", default="1-10", metavar="A-B|m,m,...", help="memory multipliers m (default 1-10)")
     p.add_argument("--tgt-len", type=int, metavar="N", help="target length N (default: the runs' own)")
     p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--out", metavar="DIR", help="results folder (default extrapolation/)")
-    p.add_argument("--experiment", default="memlm-extrapolate", help="MLflow experiment (default memlm-extrapolate)")
-    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
-    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
-    p.add_argument("--cpus-per-task", type=float, default=1.0, metavar="C", help="CPUs each evaluation asks for")
-    p.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G",
-                   help="GPUs each evaluation asks for (default 0: CPU; Ray hands each task its own GPU)")
-    p.add_argument("--lanes", type=int, metavar="B", help="lanes per evaluation (default the run's eval lanes)")
-    p.add_argument("--max-retries", type=int, default=2, help="retries of a failed evaluation (default 2)")
+    add_ray_flags(p, experiment="memlm-extrapolate", lanes="lanes per evaluation")
     p.set_defaults(run=_run_extrapolate)
 
 
@@ -524,15 +518,8 @@ def _add_longeval(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--background", metavar="WIKITEXT_DIR", help="QA background (default: the run's data's)")
     p.add_argument("--seed", type=int, help="sample generation seed (default 0)")
     p.add_argument("--split", choices=["valid", "test"], help="background text's split (default test)")
-    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--out", metavar="DIR", help="results folder (default longeval/)")
-    p.add_argument("--experiment", default="memlm-longeval", help="MLflow experiment (default memlm-longeval)")
-    p.add_argument("--uri", metavar="URI", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or ./mlflow.db)")
-    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
-    p.add_argument("--cpus-per-task", type=float, default=1.0, metavar="C", help="CPUs each evaluation asks for")
-    p.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G", help="GPUs each evaluation asks for")
-    p.add_argument("--lanes", type=int, metavar="B", help="samples side by side (default the run's eval lanes)")
-    p.add_argument("--max-retries", type=int, default=2, help="retries of a failed evaluation (default 2)")
+    add_ray_flags(p, experiment="memlm-longeval", lanes="samples side by side")
     p.set_defaults(run=_run_longeval)
 
 
@@ -552,10 +539,9 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value",
                    help="fixed overrides of the base run config for every trial (e.g. data.path=DATA_DIR), or of "
                         "the sweep file's own keys (e.g. resources.gpus=0 max_concurrent=1)")
-    p.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (default: a local Ray on 127.0.0.1)")
     p.add_argument("--num-samples", type=int, metavar="K", help="trials to sample (default: the sweep file's)")
     p.add_argument("--out", metavar="DIR", help="sweep folder (default sweeps/NAME); a rerun resumes it")
-    p.add_argument("--num-cpus", type=int, metavar="C", help="CPUs of a local Ray (default: all)")
+    add_ray_flags(p)  # a sweep's MLflow experiment is its sweep file's; each trial is one training run
     p.set_defaults(run=_run_sweep)
 
 
