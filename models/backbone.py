@@ -43,8 +43,8 @@ class LayerInputs:
     these with its own biases and recorder."""
 
     r: Tensor  # [P, D] relative encodings of the P distances pos_index names
-    pos_index: Tensor  # [Q, M + Q] long
-    allowed: Tensor  # [B or 1, Q, M + Q] bool
+    pos_index: Tensor  # [Q, X + Q] long
+    allowed: Tensor  # [B or 1, Q, X + Q] bool
     kernel_mask: Any  # kernel_mask(layout) or None (einsum path)
     pos_offset: int | None  # the layout's offset where pos_index[i, j] = offset + i - j (attend); None: gathered
     bias_u: Tensor  # [H, E], or [L, H, E] with untie_r (layer_bias picks the layer's)
