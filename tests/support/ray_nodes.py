@@ -18,8 +18,9 @@ Why each choice:
   127.0.0.1 in the suite's loopback-only network (scripts/offline.sh), the machine's address elsewhere (still
   this machine, so the cluster works either way);
 - one CPU and a custom resource per node (node_a / node_b), so two one-CPU trials or tasks must use both nodes;
-- the head notices a node that died without a word after about 2 s (health checks every 500 ms, dead after 3
-  misses) instead of Ray's default of about 30 s: the retries start sooner, nothing else changes;
+- the head notices a node that died without a word after about 5 s (health checks every 500 ms with 2 s to
+  answer, dead after 5 misses) instead of Ray's default of about 30 s: the retries start sooner, nothing else
+  changes (500 ms to answer, dead after 3, once declared the surviving node dead on a 2-core machine at load 7-10);
 - a short temp dir per cluster under /tmp: Ray's unix sockets live there and their paths must stay under 107
   characters (pytest's tmp_path is often longer).
 """
@@ -78,7 +79,7 @@ class RayNodes:
             self._start("a", ["--head", "--port", str(self.port), "--include-dashboard=false",
                               "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port())],
                         {**self.env_a, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_health_check_period_ms": "500",
-                         "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3"})
+                         "RAY_health_check_timeout_ms": "2000", "RAY_health_check_failure_threshold": "5"})
         except BaseException:
             self.close()
             raise
