@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from memlm.errors import MemlmError
+
 FORMAT_VERSION = "memlm-shards/1"
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
@@ -56,5 +58,5 @@ def sample_key(index: int) -> str:
     return f"{index:09d}"
 
 
-class DataError(ValueError):
+class DataError(MemlmError, ValueError):
     """Bad input data (missing file, empty corpus, corrupt shard, ...); the message names the file and the fix."""

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 
 from memlm.cluster.ray_flags import add_ray_flags  # imports neither ray nor torch
+from memlm.errors import MemlmError
+from memlm.trainer.loop.preemption import Preempted  # the standard library only
 
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
 # data_pipeline/tasks.py's TASKS, spelled out so that `memlm --help` loads no numpy (tests/cli checks they agree)
@@ -37,21 +39,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.run(args) or 0)
     except KeyboardInterrupt as exc:
         return interrupt.report(args.command, str(exc))
-    except Exception as exc:  # noqa: BLE001 - only the known mistakes become a message; the rest re-raises
-        if _is_preempted(exc):
-            interrupt.say(str(exc), args.command)
-            return exc.exit_status
+    except Preempted as exc:  # a stop after saving (SIGTERM), not an error: the rank-0 status line, exit 143
+        interrupt.say(str(exc), args.command)
+        return exc.exit_status
+    except Exception as exc:  # noqa: BLE001 - only memlm's own errors become a message; the rest re-raises
         if interrupt.seen:  # a rank whose peer stopped for the Ctrl-C: a broken collective, not a new error
             return interrupt.report(args.command)
-        if _is_peer_failure(exc):  # another rank or node failed: one line, from one surviving rank
-            if not exc.quiet:
-                print(f"memlm: error: {exc}", file=sys.stderr)
-            return exc.exit_status
-        if not (_is_config_error(exc) or _is_data_error(exc) or _is_resume_error(exc) or _is_cluster_error(exc)
-                or _is_tracking_error(exc)):
+        if not isinstance(exc, MemlmError):
             raise
-        print(f"memlm: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+        if not exc.quiet:  # quiet: another rank or node failed, and one surviving rank says so (PeerFailure)
+            print(f"memlm: error: {exc}", file=sys.stderr)
+        return exc.exit_status
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -605,40 +603,3 @@ def _run_track(args: argparse.Namespace) -> int:
 
     return catchup.main(args)
 
-
-def _is_cluster_error(exc: BaseException) -> bool:
-    errors = sys.modules.get("memlm.cluster.errors")
-    return errors is not None and isinstance(exc, errors.ClusterError)
-
-
-def _is_tracking_error(exc: BaseException) -> bool:
-    errors = sys.modules.get("memlm.trainer.tracking.errors")
-    return errors is not None and isinstance(exc, errors.TrackingError)
-
-
-def _is_data_error(exc: BaseException) -> bool:
-    # Looked up like ConfigError below: data_pipeline.format is loaded whenever a DataError can have been raised.
-    fmt = sys.modules.get("memlm.data_pipeline.format")
-    return fmt is not None and isinstance(exc, fmt.DataError)
-
-
-def _is_config_error(exc: BaseException) -> bool:
-    # Looked up rather than imported: importing models.config pulls in torch, and a ConfigError can only have
-    # been raised if that module is already loaded.
-    config = sys.modules.get("memlm.models.config")
-    return config is not None and isinstance(exc, config.ConfigError)
-
-
-def _is_preempted(exc: BaseException) -> bool:
-    preemption = sys.modules.get("memlm.trainer.loop.preemption")
-    return preemption is not None and isinstance(exc, preemption.Preempted)
-
-
-def _is_peer_failure(exc: BaseException) -> bool:
-    watch = sys.modules.get("memlm.trainer.runtime.peer_watch")
-    return watch is not None and isinstance(exc, watch.PeerFailure)
-
-
-def _is_resume_error(exc: BaseException) -> bool:
-    ckpt = sys.modules.get("memlm.trainer.checkpoint.errors")
-    return ckpt is not None and isinstance(exc, ckpt.ResumeError)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, fields
 
+from memlm.errors import MemlmError
+
 from .registry import ARCHITECTURES, ARCHS, arch_spec  # noqa: F401 - ARCHS is read from here too
 
 RPE_KINDS = ("disentangled", "xl")
@@ -37,7 +39,7 @@ BPTT_CHOICES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(MemlmError, ValueError):
     """A configuration value that cannot work; the message names the key and the fix."""
 
 

@@ -1,8 +1,10 @@
 """The errors of reading and writing checkpoints: each message names the file and what to do; the CLI prints it
 as one line (exit 2)."""
 
+from memlm.errors import MemlmError
 
-class ResumeError(ValueError):
+
+class ResumeError(MemlmError, ValueError):
     """A checkpoint that cannot continue this run (world size, arch, tokenizer changed); the message says how."""
 
 

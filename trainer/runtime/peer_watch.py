@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from memlm.errors import MemlmError
+
 INTERVAL_S = 1.0  # heartbeat and check period
 ACK_WAIT_S = 5.0  # how long a failing rank waits for its peers to read its cause before it exits
 ABORT_CALLBACK_S = 10.0  # the most the on_abort callbacks may take before the process ends regardless
@@ -47,7 +49,7 @@ EXIT_PEER_FAILED = 3  # the exit status of a rank ended because another rank fai
 CAUSE_CHARS = 400  # a posted cause is cut to this length (one line)
 
 
-class PeerFailure(RuntimeError):
+class PeerFailure(MemlmError, RuntimeError):
     """Another rank or node of this job failed; the message names it, the cause and the last checkpoint. `quiet`:
     another rank prints the same line, so the command line prints nothing for this one."""
 
