@@ -24,6 +24,7 @@ MAY_USE = {
     "loop": {"runtime", "config", "checkpoint", "tracking", "inference"},
 }
 OUTSIDE_TRAINER = {"models", "data_pipeline"}  # what trainer/ builds on; cluster and the command line build on it
+BENEATH_ALL = {"errors"}  # memlm/errors.py, the user-error base: it imports nothing, every package builds on it
 
 
 def imported_modules(path: Path, package: list[str]) -> list[tuple[int, str]]:
@@ -49,7 +50,7 @@ def back_edges(trainer: Path) -> list[str]:
         own = parts[1] if len(parts) > 2 else None  # None: trainer/__init__.py
         for line, module in imported_modules(path, package):
             names = module.split(".")
-            if names[0] != "memlm" or len(names) < 2:
+            if names[0] != "memlm" or len(names) < 2 or names[1] in BENEATH_ALL:
                 continue
             where = f"{path.relative_to(trainer.parent)}:{line} imports {module}"
             if names[1] == "trainer":
