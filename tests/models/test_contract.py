@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memlm.models import ARCHITECTURES, build_model, map_memory
-from support.models import tiny_model_config
+from support.models import registry_fields, tiny_model_config
 
 VARIANTS = {
     "transformer": dict(arch="transformer", mem_len=0),
@@ -33,6 +33,9 @@ VARIANTS = {
     "armt-one-token-bptt": dict(arch="armt", mem_len=0, num_mem_tokens=1, assoc_dim=2, bptt_depth=2,
                                 assoc_value_init_std=0.1),
 }
+# Every registered arch is under the contract: a new one by its registry entry's tiny settings (support.models)
+for _spec in ARCHITECTURES.values():
+    VARIANTS.setdefault(_spec.name, registry_fields(_spec))
 
 
 tiny = functools.partial(tiny_model_config, vocab_size=40, tgt_len=4, mem_len=6)

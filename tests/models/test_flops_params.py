@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from memlm.models import ModelConfig, build_model
+from memlm.models import ARCHITECTURES, ModelConfig, build_model
 from memlm.models.flops import (
     PAPER_WT103_FLOPS,
     PAPER_WT103_PARAMS,
@@ -18,32 +18,22 @@ from memlm.models.flops import (
     param_count,
     zipf_cluster_fractions,
 )
-from support.models import tiny_model_config
-
-ARCH_MODULE = {"transformer": "txl", "txl": "txl", "lamemo": "lamemo", "rmt": "rmt", "compressive": "compressive",
-               "infinite_former": "infinite_former", "armt": "armt"}
+from support.models import registry_fields, tiny_model_config
 
 
 def need(arch):
     """Skip (only) when the arch's module cannot be imported yet."""
+    module = ARCHITECTURES[arch].model.partition(":")[0]
     try:
-        importlib.import_module(f"memlm.models.{ARCH_MODULE[arch]}")
+        importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 — a module being written may fail in any way
-        pytest.skip(f"models/{ARCH_MODULE[arch]}.py not importable: {exc!r}")
+        pytest.skip(f"{module} not importable: {exc!r}")
 
 
 def tiny(arch, **kw):
-    base = dict(arch=arch, d_model=24, d_head=8, d_inner=40, tgt_len=6,
-                mem_len=0 if arch in ("transformer", "armt") else 5)
-    if arch == "rmt":
-        base["num_mem_tokens"] = 2
-    if arch == "compressive":
-        base.update(compressed_len=4, compression_rate=3, mem_len=3)  # mem_len a multiple of the rate
-    if arch == "infinite_former":
-        base.update(ltm_basis=6, ltm_samples=5)
-    if arch == "armt":
-        base.update(num_mem_tokens=2, assoc_dim=3)
-    return tiny_model_config(**{**base, **kw})
+    """The arch's registry tiny settings (support.models) at this file's widths: 6-token segments."""
+    return tiny_model_config(**{**registry_fields(ARCHITECTURES[arch]), "d_model": 24, "d_head": 8, "d_inner": 40,
+                                "tgt_len": 6, **kw})
 
 VARIANTS = {
     "plain": {},
@@ -52,9 +42,7 @@ VARIANTS = {
     "adaptive-div2": dict(cutoffs=[10, 30], div_val=2, tie_weight=False),
     "adaptive-div2-proj-tied": dict(cutoffs=[10, 20, 30], div_val=2, d_embed=32, n_layer=3),
 }
-ARCH_VARIANTS = {
-    "transformer": {},
-    "txl": {},
+ARCH_VARIANTS = {  # beyond VARIANTS, for the archs named here
     "lamemo": {"rpe-xl": dict(rpe="xl"), "no-lookahead": dict(lookahead=False, untie_r=True)},
     "rmt": {"cache-aux": dict(mem_len=4, num_mem_tokens=3, aux_loss_weight=0.5, bptt_depth=2)},
     "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2, mem_len=4)},
@@ -64,8 +52,8 @@ ARCH_VARIANTS = {
 
 
 def param_cases():
-    for arch in ARCH_MODULE:
-        for name, kw in {**VARIANTS, **ARCH_VARIANTS[arch]}.items():
+    for arch in ARCHITECTURES:
+        for name, kw in {**VARIANTS, **ARCH_VARIANTS.get(arch, {})}.items():
             yield pytest.param(arch, kw, id=f"{arch}-{name}")
 
 
@@ -129,6 +117,9 @@ def flop_cases():
                        id="infinite_former-M<N-sticky")
     yield pytest.param("armt", dict(), id="armt")
     yield pytest.param("armt", dict(num_mem_tokens=5, assoc_dim=2, pre_lnorm=True), id="armt-5-tokens")
+    named = {"transformer", "txl", "lamemo", "rmt", "compressive", "infinite_former", "armt"}
+    for arch in sorted(set(ARCHITECTURES) - named):  # a new arch: its registry tiny settings
+        yield pytest.param(arch, {}, id=arch)
 
 
 @pytest.mark.parametrize("arch,kw", list(flop_cases()))

@@ -73,17 +73,6 @@ def test_an_entry_owns_its_config_checks(monkeypatch):
         tiny_model_config(arch="txl_checked").validate()
 
 
-def test_every_registered_arch_is_under_the_contract_tests():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("test_contract.py")
-    module_spec = importlib.util.spec_from_file_location("contract_variants", path)
-    contract = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(contract)
-    assert {v["arch"] for v in contract.VARIANTS.values()} == set(ARCHITECTURES)
-
-
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_every_memory_state_has_the_common_interface(name):
     """detached(): the same kind of state, cut from the autograd graph (what the trainer carries); key_valid: the

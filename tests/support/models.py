@@ -19,11 +19,15 @@ def tiny_model_config(**fields) -> ModelConfig:
 MEM_LEN = {"zero": 0, "positive": 4, "any": 4}
 
 
+def registry_fields(spec) -> dict:
+    """The settings a tiny model of the registry entry `spec` needs: its arch, its cache rule's mem_len, its
+    test_settings. What the tests that run every registered arch build it with, a new arch included."""
+    return {"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings)}
+
+
 def registry_config(spec, **fields) -> ModelConfig:
-    """TINY for the registry entry `spec` (its cache rule's mem_len, its test_settings), with `fields` replaced: what
-    the tests that run every registered arch build it with, a new arch included."""
-    return tiny_model_config(**{"arch": spec.name, "mem_len": MEM_LEN[spec.mem_len], **dict(spec.test_settings),
-                                **fields})
+    """TINY with `spec`'s registry_fields, then `fields`, replaced."""
+    return tiny_model_config(**{**registry_fields(spec), **fields})
 
 
 def perturbed(model):

@@ -13,14 +13,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from memlm.data_pipeline.config import DataConfig
-from memlm.models.config import ARCHS, ATTENTION_KERNELS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
-from memlm.models.registry import arch_spec
+from memlm.models.config import ATTENTION_KERNELS, BPTT_MODES, RPE_KINDS, ConfigError, ModelConfig
+from memlm.models.registry import ARCHITECTURES, arch_spec
 
 from . import presets
 from .schema import (
@@ -202,9 +202,10 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# Fields limited to a fixed set of strings, by dotted key (the type checker reads this table).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.arch": ARCHS,
+# Fields limited to a fixed set of strings, by dotted key (the type checker reads this table). The archs are the
+# registry's own keys, read when a config is checked: an entry is all an arch needs (models/README.md).
+CHOICES: dict[str, Collection[str]] = {
+    "model.arch": ARCHITECTURES.keys(),
     "model.rpe": RPE_KINDS,
     "model.bptt_mode": BPTT_MODES,
     "model.attention": ATTENTION_KERNELS,

@@ -14,7 +14,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import yaml
 
 from memlm.models.config import ConfigError
 
-Choices = Mapping[str, tuple[str, ...]]
+Choices = Mapping[str, Collection[str]]
 FindParent = Callable[[str, Path], Path]  # (an inherit: value, the naming file's folder) -> the parent's file
 
 
