@@ -19,7 +19,7 @@ def __getattr__(name: str):
     """`from memlm import load_pretrained`: loaded on first use, so `import memlm` (and `memlm --help`) stays free of
     torch."""
     if name == "load_pretrained":
-        from memlm.trainer.checkpoint.run_loader import load_pretrained
+        from memlm.trainer.checkpoint.run_loader import load_pretrained  # keeps `import memlm` torch-free
 
         return load_pretrained
     raise AttributeError(f"module 'memlm' has no attribute {name!r}")

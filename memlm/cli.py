@@ -14,10 +14,19 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from memlm.cluster.ray_flags import add_ray_flags  # imports neither ray nor torch
+from memlm.data_pipeline import progress
 from memlm.errors import MemlmError
+from memlm.models.config import ConfigError  # without torch (models/__init__.py)
+from memlm.start_watch import watched
+from memlm.trainer.config import presets
+from memlm.trainer.inference import uniform_guess
 from memlm.trainer.loop.preemption import Preempted  # the standard library only
+from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.distributed import shutdown  # torch only when a process group ends
+from memlm.trainer.runtime.process import before_torch
 
 USAGE_ERROR = 2  # argparse's own exit status for bad usage; config mistakes use the same
 # data_pipeline/tasks.py's TASKS, spelled out so that `memlm --help` loads no numpy (tests/cli checks they agree)
@@ -26,14 +35,10 @@ CONFIG_HELP = "a YAML file, or a preset's name such as tiny/txl or paper/wt103/l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from memlm.trainer.runtime.process import before_torch
-
     before_torch()  # process-wide settings that torch and its OpenMP read once, at import
     parser = build_parser()
     args = parse(parser, argv)
     interrupt = Interrupt()
-    from memlm.start_watch import watched
-
     try:
         with interrupt.watched(), watched(args.command):  # a line within 10 s, however slow the start (issue 32)
             return int(args.run(args) or 0)
@@ -150,20 +155,16 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    from memlm.models.config import ConfigError  # without torch, like the presets module
-
     if args.list:
         if args.config or args.overrides:
             given = " ".join(filter(None, [args.config, *args.overrides]))
             raise ConfigError(f"config --list takes no CONFIG or overrides, got {given}")
-        from memlm.trainer.config import presets
-
         sys.stdout.write(presets.listing())
         return 0
     if not args.config:
         raise ConfigError("config needs a CONFIG (a YAML file, or a preset's name such as tiny/txl), or --list "
                           "to see the presets")
-    from memlm.trainer.config.run_config import config_to_yaml, load_config
+    from memlm.trainer.config.run_config import config_to_yaml, load_config  # keeps --help YAML-free
 
     sys.stdout.write(config_to_yaml(load_config(args.config, args.overrides)))
     return 0
@@ -182,8 +183,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from memlm import demo
-    from memlm.trainer.runtime import heartbeat
+    from memlm import demo  # keeps --help YAML-free
 
     heartbeat.phase("preparing the demo's corpus")
 
@@ -224,9 +224,7 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from memlm.data_pipeline import progress
-    from memlm.data_pipeline.prepare import prepare
-    from memlm.trainer.runtime import heartbeat
+    from memlm.data_pipeline.prepare import prepare  # keeps --help numpy-free
 
     progress.phase_listener = heartbeat.phase  # prepare names its slow steps; its progress meters end them
     if args.corpus == "babilong" or args.babilong_length is not None:
@@ -238,7 +236,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         for item in args.task_option:
             key, eq, value = item.partition("=")
             if not eq or key in task_options:
-                from memlm.data_pipeline.format import DataError
+                from memlm.data_pipeline.format import DataError  # keeps --help numpy-free
 
                 raise DataError(f"--task-option {item!r}: give KEY=VALUE for an option other than docs, length "
                                 "and seed (they have their own flags)")
@@ -257,8 +255,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def _run_prepare_babilong(args: argparse.Namespace) -> int:
-    from memlm.data_pipeline.babilong_prepare import prepare_babilong
-    from memlm.data_pipeline.format import DataError
+    from memlm.data_pipeline.babilong_prepare import prepare_babilong  # keeps --help numpy-free
+    from memlm.data_pipeline.format import DataError  # keeps --help numpy-free
 
     if args.corpus != "babilong":
         raise DataError(f"--babilong-length applies to --corpus babilong, not to {args.corpus}")
@@ -299,18 +297,16 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from memlm.trainer.config import data_vocab
-    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.config import data_vocab  # keeps --help numpy-free
+    from memlm.trainer.config.run_config import load_config  # keeps --help YAML-free
 
     cfg, note = data_vocab.fit_to_data(load_config(args.config, args.overrides), args.config, args.overrides)
     if note and os.environ.get("RANK", "0") == "0":
         print(f"memlm train: {note}", file=sys.stderr, flush=True)
-    from memlm.trainer.loop.train import run
+    from memlm.trainer.loop.train import run  # keeps --help torch-free
 
     run(cfg, args.out, resume=args.resume or args.reshard, reshard=args.reshard, stop_at=args.stop_at,
         overwrite=args.overwrite)
-    from memlm.trainer.runtime.distributed import shutdown
-
     shutdown()  # only after a finished run: a failing rank must not wait in a collective teardown
     return 0
 
@@ -352,11 +348,8 @@ def _add_curriculum(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_curriculum(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from memlm.models.config import ConfigError
-    from memlm.trainer.loop.curriculum import parse_segments, per_stage, run_curriculum
-    from memlm.trainer.loop.curriculum_stop import StopRule
+    from memlm.trainer.loop.curriculum import parse_segments, per_stage, run_curriculum  # keeps --help torch-free
+    from memlm.trainer.loop.curriculum_stop import StopRule  # keeps --help torch-free
 
     options = {"background": args.background} if args.background else {}
     for item in args.task_option:
@@ -402,15 +395,14 @@ def _run_eval(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from memlm.trainer.inference.evaluate import evaluate_run
+    from memlm.trainer.inference.evaluate import evaluate_run  # keeps --help torch-free
 
     result = evaluate_run(args.run_dir, split=args.split, tgt_len=args.tgt_len, mem_len=args.mem_len,
                           mem_mult=args.mem_mult, clamp_len=args.clamp_len, same_length=args.same_length,
                           lanes=args.lanes, json_path=args.json, data_dir=args.data)
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same result: print it once
         print(json.dumps(result))
-        from memlm.trainer.config.run_config import load_config
-        from memlm.trainer.inference import uniform_guess
+        from memlm.trainer.config.run_config import load_config  # keeps --help YAML-free
 
         vocab_size = load_config(os.path.join(args.run_dir, "config.yaml")).model.vocab_size
         note = uniform_guess.note(result, vocab_size)
@@ -435,7 +427,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from memlm.trainer.inference import generate
+    from memlm.trainer.inference import generate  # keeps --help torch-free
 
     return generate.main(args)
 
@@ -451,7 +443,7 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from memlm.trainer.checkpoint import export
+    from memlm.trainer.checkpoint import export  # keeps --help torch-free
 
     return export.main(args)
 
@@ -466,7 +458,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from memlm.trainer.inference import analyze
+    from memlm.trainer.inference import analyze  # keeps --help torch-free
 
     return analyze.main(args)
 
@@ -487,8 +479,7 @@ def _add_extrapolate(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_extrapolate(args: argparse.Namespace) -> int:
-    from memlm.cluster import extrapolate
-    from memlm.trainer.runtime import heartbeat
+    from memlm.cluster import extrapolate  # keeps --help free of torch and Ray
 
     heartbeat.phase("checking the runs and opening the MLflow store")
 
@@ -522,8 +513,7 @@ def _add_longeval(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_longeval(args: argparse.Namespace) -> int:
-    from memlm.cluster import longeval
-    from memlm.trainer.runtime import heartbeat
+    from memlm.cluster import longeval  # keeps --help free of torch and Ray
 
     heartbeat.phase("checking the runs and opening the MLflow store")
 
@@ -544,8 +534,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from memlm.cluster import sweep
-    from memlm.trainer.runtime import heartbeat
+    from memlm.cluster import sweep  # keeps --help free of torch and Ray
 
     heartbeat.phase("checking the sweep and loading MLflow")
 
@@ -562,8 +551,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from memlm.trainer.runtime import heartbeat
-    from memlm.trainer.tracking import compare
+    from memlm.trainer.tracking import compare  # here: the MLflow command's module loads only when it runs
 
     heartbeat.phase(f"reading experiment {args.experiment!r} from MLflow and drawing its curves")
 
@@ -579,8 +567,7 @@ def _add_ui(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_ui(args: argparse.Namespace) -> int:
-    from memlm.trainer.runtime import heartbeat
-    from memlm.trainer.tracking import ui
+    from memlm.trainer.tracking import ui  # here: the MLflow command's module loads only when it runs
 
     heartbeat.phase("starting the MLflow server")
 
@@ -596,8 +583,7 @@ def _add_track(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_track(args: argparse.Namespace) -> int:
-    from memlm.trainer.runtime import heartbeat
-    from memlm.trainer.tracking import catchup
+    from memlm.trainer.tracking import catchup  # here: the MLflow command's module loads only when it runs
 
     heartbeat.phase(f"comparing {args.run_dir} with its MLflow run")
 

@@ -35,7 +35,15 @@ import sysconfig
 import time
 from pathlib import Path
 
+from memlm.invocation import activation_hint, memlm_command
+from memlm.models.config import ConfigError
+from memlm.models.flops import param_count
 from memlm.models.registry import arch_spec  # torch-free
+from memlm.trainer.config.run_config import config_from_dict
+from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.process import choose_threads
+from memlm.trainer.runtime.quiet import route_library_loggers
+from memlm.trainer.tracking.tracker import ensure_experiment, runs_link
 
 DEMO_EXPERIMENT = "memlm-demo"
 DEMO_ARCHS = ("transformer", "txl", "lamemo")
@@ -100,7 +108,7 @@ def _replace_own_folder(folder: Path) -> None:
         if (folder / CORPUS_MARKER).is_file() or (folder.is_dir() and not any(folder.iterdir())):
             shutil.rmtree(folder)
         else:
-            from memlm.data_pipeline.format import DataError
+            from memlm.data_pipeline.format import DataError  # keeps --help numpy-free
 
             raise DataError(f"{folder} exists and was not written by `memlm demo`: choose another --out "
                             "or remove it yourself")
@@ -109,7 +117,7 @@ def _replace_own_folder(folder: Path) -> None:
 
 def prepare_corpus(out: Path, wikitext: str | None) -> tuple[Path, dict, str]:
     """(DATA_DIR, manifest, description) for the demo's corpus."""
-    from memlm.data_pipeline.prepare import prepare
+    from memlm.data_pipeline.prepare import prepare  # keeps --help numpy-free (memlm/cli.py imports this module)
 
     data = out / "data"
     if wikitext:
@@ -155,8 +163,6 @@ def run_names(archs: tuple[str, ...], corpus: str, tokenizer: str) -> dict[str, 
 
 
 def demo_config(arch: str, data: Path, vocab_size: int, steps: int, lr: float = DEMO_LR):
-    from memlm.trainer.config.run_config import config_from_dict
-
     return config_from_dict(demo_tree(arch, data, vocab_size, steps, lr))
 
 
@@ -167,7 +173,7 @@ def _replace_run_folder(run_dir: Path) -> None:
     if (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir() or not any(run_dir.iterdir()):
         shutil.rmtree(run_dir)
     else:
-        from memlm.data_pipeline.format import DataError
+        from memlm.data_pipeline.format import DataError  # keeps --help numpy-free
 
         raise DataError(f"{run_dir} exists and is not a run folder: choose another --out or remove it yourself")
 
@@ -191,8 +197,6 @@ class DemoError(RuntimeError):
 
 def threads_per_run(n_runs: int) -> int:
     """Torch threads for each of n_runs concurrent training processes: this process's cores shared out."""
-    from memlm.trainer.runtime.process import choose_threads
-
     return max(1, choose_threads().threads // n_runs)
 
 
@@ -273,8 +277,6 @@ def main(args) -> int:
     out = Path(getattr(args, "out", None) or "runs/demo")
     steps = int(getattr(args, "steps", None) or DEMO_STEPS)
     if steps < 1:
-        from memlm.models.config import ConfigError
-
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     lr = float(getattr(args, "lr", None) or DEMO_LR)
     wikitext = getattr(args, "wikitext", None) or os.environ.get("MEMLM_DEMO_WIKITEXT") or None
@@ -294,20 +296,13 @@ def main(args) -> int:
           f"{MODEL['tgt_len']} positions = {tokens:,} token positions each, the padding of documents' last segments "
           f"included (2 layers, d_model {MODEL['d_model']}, "
           f"N {MODEL['tgt_len']}, M {MODEL['mem_len']}, lr {lr:g})", flush=True)
-    from memlm.trainer.runtime import heartbeat
-
     heartbeat.phase(None)  # the demo's own lines from here (memlm/start_watch.py)
 
-    from memlm.invocation import activation_hint, memlm_command
-    from memlm.models.flops import param_count
-    from memlm.trainer.inference.evaluate import evaluate_run
+    from memlm.trainer.inference.evaluate import evaluate_run  # keeps --help torch-free
 
     names = run_names(archs, "wikitext" if wikitext else "stdlib", tok["kind"])
     trees = {arch: demo_tree(arch, data, vocab, steps, lr, names[arch]) for arch in archs}
     import mlflow  # noqa: F401 - it sets its loggers up at import; they are routed below
-
-    from memlm.trainer.runtime.quiet import route_library_loggers
-    from memlm.trainer.tracking.tracker import ensure_experiment
 
     route_library_loggers(out)  # "Creating initial MLflow database tables" and the like: OUT/library.log
     experiment_id = ensure_experiment(demo_config(archs[0], data, vocab, steps, lr).tracking)  # before the runs
@@ -348,8 +343,6 @@ def main(args) -> int:
         store = _relative_sqlite(uri)
         flag = "" if store == "sqlite:///mlflow.db" else f" --uri {store}"  # the commands' own default
         command = memlm_command()
-        from memlm.trainer.tracking.tracker import runs_link
-
         view = runs_link("http://127.0.0.1:5000", experiment_id, saved_view=True)
         print(f"  browse it: {command} ui{flag}   (then {view})")
         print(f"  compare:   {command} compare --experiment {DEMO_EXPERIMENT}{flag}")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from memlm.trainer.runtime import heartbeat
+
 LOADING = "loading torch and memlm's modules"  # the first phase: what a command does before its own code runs
 
 
@@ -24,8 +26,6 @@ def watched(command: str):
     if os.environ.get("RANK", "0") != "0":
         yield
         return
-    from memlm.trainer.runtime import heartbeat
-
     # QUIET_S read now rather than as the default argument bound at import: tests shorten it in the child process
     heartbeat.start(f"memlm {command}", quiet_s=heartbeat.QUIET_S)
     heartbeat.phase(LOADING)
