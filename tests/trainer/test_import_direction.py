@@ -1,10 +1,12 @@
-"""trainer/'s import direction (docs/design.md §1), read from the source of every module under trainer/: each import of
-memlm's own code, at module top or inside a function, goes down the layers
+"""trainer/'s imports (docs/design.md §1), read from the source of every module under trainer/: each import of memlm's
+own code, at module top or inside a function, goes down the layers
 
     runtime, config  <-  checkpoint  <-  tracking  <-  inference  <-  loop
 
 (a package uses its own modules and those of the packages to its left; runtime and config use no other part of
 trainer/, and runtime nothing else of memlm), and nothing under trainer/ reaches up to `cluster` or the command line.
+Those imports stand at the module top, where a reader sees a module's wiring, unless a comment on the line says why
+not (keeping `memlm --help` free of torch).
 """
 
 from __future__ import annotations
@@ -66,6 +68,33 @@ def back_edges(trainer: Path) -> list[str]:
     return wrong
 
 
+def imports_in_functions(trainer: Path) -> list[str]:
+    """'FILE:LINE' of every import of memlm's own code inside a function whose line says nothing of why (memlm's
+    imports go at the module top unless they keep `memlm --help` free of torch, and then a comment says so)."""
+    def memlm_module(name: str | None) -> bool:
+        return (name or "").split(".")[0] == "memlm"
+
+    found = set()  # a set: a nested function's import is walked twice
+    for path in sorted(trainer.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for function in ast.walk(ast.parse(text)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                own = (isinstance(node, ast.ImportFrom) and (node.level > 0 or memlm_module(node.module))) or \
+                    (isinstance(node, ast.Import) and any(memlm_module(a.name) for a in node.names))
+                if own and "#" not in lines[node.lineno - 1]:
+                    found.add((str(path.relative_to(trainer.parent)), node.lineno))
+    return [f"{file}:{line}" for file, line in sorted(found)]
+
+
+def test_trainer_imports_its_own_modules_at_the_top():
+    hidden = imports_in_functions(ROOT / "trainer")
+    assert not hidden, "memlm imports inside functions (move them to the top, or say why on the line):\n" + \
+        "\n".join(hidden)
+
+
 def test_trainer_imports_go_one_way():
     wrong = back_edges(ROOT / "trainer")
     assert not wrong, "imports against docs/design.md §1:\n" + "\n".join(wrong)
@@ -92,3 +121,14 @@ def test_a_back_edge_is_named(tmp_path):
         "trainer/checkpoint/up.py:6 imports memlm.cluster.sweep (trainer/ builds on ['data_pipeline', 'models'] only)",
         "trainer/runtime/up.py:1 imports memlm.models.config.ConfigError (runtime uses nothing else of memlm)",
     ]
+
+
+def test_an_import_inside_a_function_is_named_unless_it_says_why(tmp_path):
+    trainer = tmp_path / "trainer"
+    (trainer / "loop").mkdir(parents=True)
+    (trainer / "loop" / "lazy.py").write_text(
+        "import os\nfrom memlm.models import build_model\n\n\n"
+        "def a():\n    import json\n    from memlm.trainer.checkpoint import store\n\n\n"
+        "def b():\n    def inner():\n        from .train import run\n\n\n"
+        "def c():\n    from memlm.models.config import ConfigError  # keeps `memlm --help` free of torch\n")
+    assert imports_in_functions(trainer) == ["trainer/loop/lazy.py:7", "trainer/loop/lazy.py:12"]

@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 
+from memlm.trainer.config.run_config import config_to_yaml
+
 from .resume_policy import Change
 
 CONFIG = "config.yaml"
@@ -24,8 +26,6 @@ HISTORY = "config_changes.jsonl"
 
 def write_run_config(run_dir: Path, cfg, ds_conf: dict, found: list[Change], step: int, tag: str | None) -> None:
     """config.yaml and ds_config.json for this start, and (when it changed anything) one history entry."""
-    from memlm.trainer.config.run_config import config_to_yaml
-
     run_dir = Path(run_dir)
     if found:
         entry = {"step": step, "checkpoint": tag, "time": time.strftime("%Y-%m-%d %H:%M:%S"),

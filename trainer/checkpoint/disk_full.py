@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from .errors import CheckpointWriteError
+from .latest import CHECKPOINTS, latest_tag
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NEARLY_FULL_BYTES = 1 << 20  # free space under which a failed torch.save is put down to a full disk
@@ -51,9 +52,7 @@ def reason(exc: BaseException, where: Path) -> str | None:
 
 def last_checkpoint_words(run_dir: Path) -> str:
     """What the last good checkpoint is and how to go on, for the end of a full-disk line."""
-    from .store import latest_tag
-
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = Path(run_dir) / CHECKPOINTS
     tag = latest_tag(ckpt_dir)
     if tag:
         return (f"the last good checkpoint {ckpt_dir / tag} is intact and `latest` names it: free space, then rerun "

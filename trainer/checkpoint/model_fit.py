@@ -15,8 +15,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from memlm.models import build_model
+
 from .errors import ResumeError
 from .safe_load import deepspeed_safe_types, safe_load
+from .store import upgrade
 
 
 def checkpoint_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
@@ -39,10 +44,6 @@ def checkpoint_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
 
 def meta_model(model_cfg):
     """The model of `model_cfg` built on the meta device: shapes without memory or time."""
-    import torch
-
-    from memlm.models import build_model
-
     with torch.device("meta"):
         return build_model(model_cfg)
 
@@ -85,8 +86,6 @@ def memory_misfit(template: Any, saved: Any, where: str) -> str | None:
 
 def saved_memory(folder: Path) -> Any:
     """Rank 0's recurrent memory as checkpoint FOLDER saved it (plain state), or None."""
-    from .store import upgrade
-
     path = Path(folder) / "rank0.pt"
     if not path.is_file():
         return None

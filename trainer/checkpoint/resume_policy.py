@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.config.run_config import flatten, load_config
+
 from .errors import ResumeError
+from .model_fit import check_model_fits
 
 SCHEDULE_KEYS = ("train.lr", "train.warmup_steps", "train.schedule", "train.min_lr_ratio", "train.steps")
 GROUP_KEYS = ("train.weight_decay", "train.adam_eps")  # set on the optimizer's restored param groups
@@ -82,8 +85,6 @@ def saved_config(folder: Path, run_dir: Path) -> dict[str, Any] | None:
     config_yaml = Path(run_dir) / "config.yaml"
     if not config_yaml.is_file():
         return None
-    from memlm.trainer.config.run_config import flatten, load_config
-
     try:
         return flatten(load_config(config_yaml))
     except ValueError:  # a config an older memlm wrote that this one no longer reads: nothing to compare
@@ -137,10 +138,6 @@ def _show(value: Any) -> str:
 def check_resume(cfg, run_dir: Path, folder: Path, step: int) -> list[Change]:
     """The changes resuming `cfg` from checkpoint FOLDER (at `step`) would make; ResumeError, in one line and
     before anything is built, for one it cannot make or a model that no longer fits the checkpoint."""
-    from memlm.trainer.config.run_config import flatten
-
-    from .model_fit import check_model_fits
-
     found = changes(saved_config(folder, run_dir), flatten(cfg))
     check(found, folder, step)
     check_model_fits(cfg.model, cfg.data.batch_size, folder, model_changes(found))

@@ -33,14 +33,12 @@ from memlm.trainer.runtime import distributed, faults
 
 from . import disk_full
 from .errors import CheckpointWriteError, ResumeError
+from .latest import CHECKPOINTS, LATEST, META, latest_tag, read_latest  # also read as store.* by the loop
 from .safe_load import safe_load
 
 # rank{r}.pt's format: 2 = {"format", and one entry per saved piece: "trainer", "recurrence", "stream", "rng"}.
 FORMAT_VERSION = 2
 FORMAT_KEY = "format"
-CHECKPOINTS = "checkpoints"  # in the run folder
-LATEST = "latest"
-META = "meta.json"
 TMP_PREFIX = ".tmp-"
 
 
@@ -124,19 +122,6 @@ def _prune(ckpt_dir: Path, keep_last: int, step: int) -> None:
     older = [s for s in steps if s < step]
     for old in older[:max(len(older) - (keep_last - 1), 0)]:
         shutil.rmtree(ckpt_dir / tag_for(old), ignore_errors=True)
-
-
-def read_latest(ckpt_dir: Path) -> str | None:
-    """The tag the `latest` file names (None without the file); the one place that reads it."""
-    path = Path(ckpt_dir) / LATEST
-    return path.read_text().strip() if path.is_file() else None
-
-
-def latest_tag(ckpt_dir: Path) -> str | None:
-    """The newest complete checkpoint: the tag `latest` names, if its folder is complete (meta.json is written
-    last); None otherwise."""
-    tag = read_latest(ckpt_dir)
-    return tag if tag and (Path(ckpt_dir) / tag / META).is_file() else None
 
 
 def find_checkpoint(run_dir: Path, tag: str | None = None) -> tuple[Path, str]:

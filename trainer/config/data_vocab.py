@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.shards import load_manifest
 from memlm.models.config import ConfigError
 
 from . import presets, schema
+from .run_config import override_config
 
 KEY = "model.vocab_size"
 
@@ -38,11 +41,6 @@ def given(config: str | Path, overrides) -> bool:
 
 def fit_to_data(cfg, config: str | Path, overrides) -> tuple[object, str | None]:
     """(cfg with the data's vocabulary size when the user gave none, the line that says so, or None)."""
-    from memlm.data_pipeline.format import DataError
-    from memlm.data_pipeline.shards import load_manifest
-
-    from .run_config import override_config
-
     try:
         tokenizer = load_manifest(cfg.data.path)["tokenizer"]
     except DataError:

@@ -24,6 +24,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from memlm.data_pipeline import longctx
+
 QUESTION_MARK = " Q: "  # data_pipeline/longctx.py's, also BABILong's files as memlm renders them
 Guess = Callable[[str, str, Sequence[str]], "str | None"]
 
@@ -132,8 +134,6 @@ def baselines(task: str, samples: Sequence[tuple[str, str]], labels: Sequence[st
 def task_labels_and_chance(task: str, options: dict) -> tuple[tuple[str, ...], float]:
     """memlm's generated tasks (data_pipeline/longctx.py): the possible answers and chance. passkey's keys are the
     numbers of `digits` digits without a leading zero (longctx.passkey_story): 9 * 10^(digits - 1) of them."""
-    from memlm.data_pipeline import longctx
-
     if task == "passkey":
         return (), 1.0 / (9 * 10 ** (int(options.get("digits", longctx.DEFAULTS["passkey"]["digits"])) - 1))
     return tuple(longctx.LOCATIONS), 1.0 / len(longctx.LOCATIONS)

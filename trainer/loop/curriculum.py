@@ -33,9 +33,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline import longctx
+from memlm.data_pipeline.format import SPLITS, DataError
+from memlm.data_pipeline.prepare import prepare
+from memlm.data_pipeline.shards import load_manifest
+from memlm.data_pipeline.tasks import resolve_options
 from memlm.models.config import ConfigError
+from memlm.models.registry import arch_spec
+from memlm.trainer.checkpoint.store import read_latest, step_of
+from memlm.trainer.config.run_config import load_config
+from memlm.trainer.runtime import heartbeat
 
-from .curriculum_stop import StopRule
+from .curriculum_samples import describe, read_split, stage_options, summary_line
+from .curriculum_stop import StageCheck, StopRule, stage_record
+from .preemption import Preempted
+from .train import run
 
 STAGE_FILE = "curriculum_stage.json"  # in a stage's run folder: how it ended
 SUMMARY_FILE = "curriculum.json"  # in --out: every stage's record
@@ -72,8 +84,6 @@ def stage_folders(out: Path, task: str, segments: list[int]) -> list[tuple[int, 
 
 def parse_docs(text: str) -> dict[str, int]:
     """--docs: N (train N, valid and test N // 10) or TRAIN,VALID,TEST, every split at least one sample."""
-    from memlm.data_pipeline.format import SPLITS
-
     try:
         counts = [int(part) for part in str(text).split(",")]
     except ValueError:
@@ -89,10 +99,6 @@ def check_arguments(task: str, task_options: dict[str, Any], segments: list[int]
     """What a stage's data would refuse, refused before anything is prepared or trained, in this command's own
     options (--segments, --background, --task-option, model.tgt_len; issue 32: the task's own message named
     --task-length, which curriculum does not have, and the refusal came after OUT/data/ was made)."""
-    from memlm.data_pipeline import longctx
-    from memlm.data_pipeline.format import SPLITS, DataError
-    from memlm.data_pipeline.tasks import resolve_options
-
     background = task_options.get("background")
     if task == "passkey" and background:
         raise ConfigError("--task passkey hides its key in filler text and takes no --background")
@@ -124,8 +130,6 @@ def check_arguments(task: str, task_options: dict[str, Any], segments: list[int]
 def stage_overrides(arch: str, count: int) -> list[str]:
     """What makes one optimizer step take data.batch_size whole samples of `count` segments (module docstring),
     plus the constant rate; the user's own overrides come after these and win."""
-    from memlm.models.registry import arch_spec
-
     whole = (["model.bptt_mode=chunk", f"model.bptt_depth={count - 1}", "train.grad_accum=1"]
              if arch_spec(arch).recurrence == "memory_bptt" else [f"train.grad_accum={count}"])
     return ["train.schedule=constant", *whole]
@@ -151,8 +155,6 @@ def describe_step(cfg, count: int) -> str:
 
 def finished(run_dir: Path, rule: StopRule) -> dict | None:
     """The stage's record when it has ended (its checkpoint is the one its record names), else None."""
-    from memlm.trainer.checkpoint.store import read_latest, step_of
-
     tag = read_latest(run_dir / "checkpoints")
     if tag is None:
         return None
@@ -170,11 +172,6 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
     stage ends (one per stage: the caps may differ).
 
     Every stage's options and config are checked before the first one starts: a refused command leaves nothing."""
-    from memlm.data_pipeline.format import DataError
-    from memlm.trainer.config.run_config import load_config
-
-    from .curriculum_samples import stage_options
-
     for rule in rules:
         rule.validate()
     base = load_config(config, overrides)
@@ -213,16 +210,6 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
 def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg, *, task: str, rule: StopRule,
               previous: Path | None) -> dict:
     """One stage: its data (prepared once, read back and described), its training to the stop, its record."""
-    from memlm.data_pipeline.prepare import prepare
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.checkpoint.store import read_latest, step_of
-    from memlm.trainer.runtime import heartbeat
-
-    from .curriculum_samples import describe, read_split, summary_line
-    from .curriculum_stop import StageCheck, stage_record
-    from .preemption import Preempted
-    from .train import run
-
     N, label = cfg.model.tgt_len, f"stage {k} ({count} segment(s) of {cfg.model.tgt_len})"
     done = finished(run_dir, rule)
     if done is not None:

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from memlm.data_pipeline import longctx
+from memlm.data_pipeline.shard_source import ShardSource
+from memlm.data_pipeline.tasks import resolve_options
+
 SEP = ord(">")  # data_pipeline/tasks.py's start-to-generate token, as a byte
 STORY_START = 4  # from S = 2 on, the story starts within the first 1 / STORY_START of the first segment
 
@@ -31,9 +35,6 @@ STORY_START = 4  # from S = 2 on, the story starts within the first 1 / STORY_ST
 def stage_options(task: str, options: dict, segments: int, tgt_len: int) -> dict:
     """The task options of an S-segment stage (resolved: every default filled in and checked; DataError when the
     generator refuses them)."""
-    from memlm.data_pipeline import longctx
-    from memlm.data_pipeline.tasks import resolve_options
-
     length = segments * tgt_len
     staged = {**options, "length": length}
     if segments > 1 and "depth_min" not in options and "depth_max" not in options:
@@ -67,8 +68,6 @@ def segments_apart(fact: int, answer_first: int, tgt_len: int) -> int:
 
 def read_split(data_dir: str | Path, split: str) -> list[tuple[np.ndarray, int]]:
     """The split's samples as the shards hold them: (byte ids of prompt + SEP + answer, answer length)."""
-    from memlm.data_pipeline.shard_source import ShardSource
-
     source = ShardSource(data_dir, split)
     out = []
     for shard_id in range(len(source.shards)):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.models.config import ConfigError
+from memlm.trainer.inference.longeval import answer_correct
 
 CHECKS = "curriculum_checks.jsonl"
 
@@ -117,8 +118,6 @@ class StageCheck:
         return [row for row in rows if row["step"] < before]
 
     def __call__(self, trainer: Any, valid: dict) -> str | None:
-        from memlm.trainer.inference.longeval import answer_correct
-
         step = int(valid["step"])
         model = trainer.engine.module
         right = answer_correct(model, self.held_out, lanes=trainer.cfg.data.eval_lanes, boundary_id=self.boundary_id,

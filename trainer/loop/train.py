@@ -31,17 +31,32 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memlm.data_pipeline.shards import check_vocab_size, load_manifest
+from memlm.data_pipeline.stream import LaneStream
+from memlm.models import build_model
+from memlm.models.config import ConfigError
 from memlm.trainer.checkpoint import config_record, disk_full, resume_policy, run_folder, run_lock
 from memlm.trainer.checkpoint import store as checkpoint
 from memlm.trainer.checkpoint.errors import ResumeError
 from memlm.trainer.checkpoint.rng import RNGState, rng_preserved
 from memlm.trainer.checkpoint.safe_load import verify_folder
+from memlm.trainer.checkpoint.store import find_checkpoint
+from memlm.trainer.checkpoint.weights import load_weights
+from memlm.trainer.config.run_config import flatten
+from memlm.trainer.inference.evaluate import evaluate
 from memlm.trainer.runtime import distributed, faults, heartbeat
 from memlm.trainer.runtime import process as runtime
+from memlm.trainer.runtime.lean_import import import_deepspeed
+from memlm.trainer.runtime.peer_watch import PeerWatch
+from memlm.trainer.runtime.quiet import route_library_loggers
+from memlm.trainer.tracking.tracker import Tracker
 
 from . import nonfinite
-from .ds_config import trainer_clips
+from .ds_config import deepspeed_config, trainer_clips
 from .preemption import Interrupted, Preempted, StopRequest
+from .progress import Progress
+from .recurrence import make_recurrence
+from .schedule import make_scheduler, rebase
 from .step_figures import StepFigures
 
 # The dtype of the carried memory state per deepspeed.precision: the dtype of the layer inputs it caches (torch's
@@ -88,8 +103,6 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     """Everything `run` does before training, for callers that step the trainer themselves (benchmarks): the data
     and the checkpoint to resume from checked, the run folder claimed, this process set up. Then `build()` and
     `train_step()`, or `fit()`."""
-    from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-
     manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
     check_vocab_size(manifest, cfg.model.vocab_size)
     run_dir = Path(out or Path("runs") / cfg.model.arch)
@@ -119,10 +132,6 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
 
 def load_initial_weights(model, run_dir: Path) -> None:
     """train.init_from: the model weights of run_dir's latest checkpoint, which must fit this model exactly."""
-    from memlm.models.config import ConfigError
-    from memlm.trainer.checkpoint.store import find_checkpoint
-    from memlm.trainer.checkpoint.weights import load_weights
-
     ckpt_dir, tag = find_checkpoint(run_dir, None)
     state, own = load_weights(ckpt_dir, tag), model.state_dict()
     misfits = [f"{k}: {tuple(state[k].shape)} there, {tuple(v.shape)} here" for k, v in own.items()
@@ -138,8 +147,6 @@ def load_initial_weights(model, run_dir: Path) -> None:
 
 def _check_device(cfg, device: str) -> None:
     """Settings this device or this torch cannot train with, refused in one line before anything starts."""
-    from memlm.models.config import ConfigError
-
     if cfg.deepspeed.precision == "fp16" and device == "cpu":
         # DeepSpeed's CPU accelerator has no fp16 and says so only deep inside initialize, as a traceback.
         raise ConfigError("deepspeed.precision=fp16 needs CUDA GPUs (DeepSpeed's CPU accelerator has no fp16); "
@@ -158,8 +165,6 @@ def _check_device(cfg, device: str) -> None:
 
 def run_meta(cfg, world_size: int, manifest: dict) -> dict:
     """What a checkpoint must match to be resumed without --reshard (meta.json; checkpoint.check_compatible)."""
-    from memlm.trainer.config.run_config import flatten
-
     tokenizer = {k: manifest["tokenizer"].get(k) for k in ("kind", "vocab_size", "sha256")}
     # "config": what trained up to the checkpoint, which a resume compares with its own (resume_policy.py)
     return {"world_size": world_size, "arch": cfg.model.arch, "tokenizer": tokenizer, "seed": cfg.train.seed,
@@ -216,22 +221,12 @@ class Trainer:
             return
         import torch
 
-        from memlm.data_pipeline.stream import LaneStream
-        from memlm.models import build_model
-        from memlm.trainer.runtime.lean_import import import_deepspeed
-
-        from .ds_config import deepspeed_config
-        from .recurrence import make_recurrence
-        from .schedule import make_scheduler
-
         deepspeed = import_deepspeed()  # without the autotuner's MLflow import (runtime/lean_import.py)
 
         cfg = self.cfg
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         distributed.init(self.info, log_dir=self.run_dir)  # DeepSpeed's set-up prints go to RUN_DIR/library.log
-        from memlm.trainer.runtime.peer_watch import PeerWatch
-
         self.watch = PeerWatch.start(self.rank, self.info.world_size, cfg.train.peer_timeout_s, self._last_checkpoint)
         # Every rank seeds the same: identical initial weights, then the rank offsets dropout streams.
         seed_everything(cfg.train.seed)
@@ -247,8 +242,6 @@ class Trainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "eval").mkdir(exist_ok=True)
-        from memlm.trainer.runtime.quiet import route_library_loggers
-
         route_library_loggers(self.run_dir)  # DeepSpeed's INFO lines to RUN_DIR/library.log, warnings to the console
         heartbeat.phase("building the DeepSpeed engine")
         self.engine, _, _, _ = deepspeed.initialize(
@@ -286,8 +279,6 @@ class Trainer:
         # Only the consolidated fp32 weights: the optimizer, schedule position and data cursor start over.
         # load_weights reads any ZeRO stage (zero_to_fp32 alone fails on a ZeRO-0 folder, which holds no optimizer
         # partitions) and refuses a file that could run code.
-        from memlm.trainer.checkpoint.weights import load_weights
-
         state = load_weights(self.ckpt_dir, tag)
         if self.cfg.deepspeed.zero_stage == 3:
             from deepspeed import zero
@@ -426,8 +417,6 @@ class Trainer:
             run_lock.release(self.run_dir)
 
     def _fit(self, stop_at: int | None) -> Path:
-        from .progress import Progress
-
         tag, reshard = self.resume_tag, self.reshard
         if tag is not None:
             heartbeat.phase(f"loading checkpoint {self.ckpt_dir / tag}")
@@ -435,8 +424,6 @@ class Trainer:
             self._say(f"resumed from {self.ckpt_dir / tag} at step {self.step}" if not reshard else
                       f"weights of {self.ckpt_dir / tag} loaded; training from step 0")
             if self.config_changes and not reshard:  # the new values take effect from here, said in one line
-                from .schedule import rebase
-
                 lr = rebase(self.engine.lr_scheduler, self.cfg.train)
                 self._say(resume_policy.applied_line(self.config_changes, self.step, lr))
         if self.rank == 0:  # what the folder says now matches the step training continues from
@@ -550,8 +537,6 @@ class Trainer:
                                self.cfg.train.keep_last)
 
     def _tracker(self):
-        from memlm.trainer.tracking.tracker import Tracker
-
         tracker = Tracker(self.cfg.tracking, self.run_dir, self.rank, self.cfg)
         tracker.set_tags({"arch": self.cfg.model.arch})
         if self.rank == 0:
@@ -562,8 +547,6 @@ class Trainer:
 
     def _evaluate(self, tracker) -> dict:
         import torch
-
-        from memlm.trainer.inference.evaluate import evaluate
 
         # Evaluation draws no random numbers we rely on, but keep the training RNG untouched regardless.
         with rng_preserved(), torch.no_grad():

@@ -16,6 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import heartbeat
+from .lean_import import import_deepspeed
+from .op_cache import load_cpu_op
+from .quiet import into_library_log
+
 # Minutes a collective waits before DeepSpeed gives up; its default of 10 hides deadlocks too long in tests.
 DEFAULT_TIMEOUT_MIN = "10"
 
@@ -101,8 +106,6 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
     instead of the console, and rank 0 says when a build is coming (op_cache.load_cpu_op)."""
     import atexit
 
-    from .lean_import import import_deepspeed
-
     deepspeed = import_deepspeed()
     if info.device == "cpu":
         atexit.register(remove_shm_buffer, info.rank)  # also after a failed run; not after SIGKILL
@@ -113,12 +116,7 @@ def init(info: DistInfo, log_dir: str | os.PathLike | None = None) -> None:
     if log_dir is None:
         deepspeed.init_distributed(dist_backend=info.backend, auto_mpi_discovery=False)
         return
-    from . import heartbeat
-    from .quiet import into_library_log
-
     if info.device == "cpu":
-        from .op_cache import load_cpu_op
-
         load_cpu_op(log_dir, speak=info.rank == 0)  # says when it builds; never behind a dead process's lock
     heartbeat.phase(f"starting the process group ({info.backend}, {info.world_size} rank(s))")
     with into_library_log(log_dir):

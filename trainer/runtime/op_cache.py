@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from . import heartbeat
+from .quiet import into_library_log
 
 STALE_LOCK_SECONDS = 300  # an op build takes 0.5-5 min; a lock this old was left by a process killed mid-build
 LOAD_GUARD = ".memlm-op-load.lock"  # memlm's own flock in the cache folder (load_cpu_op)
@@ -205,8 +206,6 @@ def load_cpu_op(log_dir: str | os.PathLike, speak: bool) -> None:
     only named in a warning (warn_stale_build_locks)."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
-
-    from .quiet import into_library_log
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):

@@ -44,6 +44,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import heartbeat
+from .allocator import tune_allocator
+
 # The op cache's names, used here and imported from here by older callers.
 from .op_cache import (  # noqa: F401
     STALE_LOCK_SECONDS,
@@ -124,8 +127,6 @@ def fit_threads(cpus: float | None = None, who: str = "") -> ThreadChoice:
 
 def say_threads(label: str, threads: int, reason: str) -> None:
     print(f"{label} {threads} torch thread{'s' if threads != 1 else ''} ({reason})", file=sys.stderr, flush=True)
-    from . import heartbeat
-
     heartbeat.said()  # the console just heard from this process: the start watch's silence starts over
 
 
@@ -222,8 +223,6 @@ def before_torch() -> None:
 def prepare_process(cpus: float | None = None, who: str = "") -> ThreadChoice:
     """Both of the above: what train, eval and the Ray tasks call first (and a word on a stale op build lock);
     also keeps malloc from returning each step's memory to the kernel (trainer/runtime/allocator.py)."""
-    from .allocator import tune_allocator
-
     tune_allocator()
     warn_stale_build_locks(use_own_extension_cache())
     return fit_threads(cpus, who)

@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from .lean_import import import_deepspeed as lean_import
+
 LIBRARY_LOG = "library.log"  # in the run folder
 # Loggers of the libraries memlm drives (names as the libraries create them).
 LIBRARY_LOGGERS = ("mlflow", "alembic", "DeepSpeed")
@@ -124,8 +126,6 @@ def import_deepspeed(run_dir: str | os.PathLike) -> None:
     accelerator detection warns "Setting accelerator to CPU" on every import (eval, generate and analyze import it
     to read checkpoints; training imports it after choosing the accelerator itself). A run folder this process may
     not write to (someone else's runs) keeps the plain import."""
-    from .lean_import import import_deepspeed as lean_import
-
     if "deepspeed" in sys.modules:
         return
     if not os.access(run_dir, os.W_OK):

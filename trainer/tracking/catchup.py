@@ -5,6 +5,7 @@ validation passes: valid_nll/ppl/bpc), eval/SPLIT-stepN-tgtT-memM.json (`memlm e
 _tgtT_memM suffix when not evaluated at the trained lengths), config.yaml (the params), STATUS_FILE (how the run
 ended). A run whose tracking server was away at its start, for a while, or at its end gets the rest here; a run
 that never reached the server is created (its id then goes to mlflow_run_id, as the trainer would have done).
+recorded.py reads the folder and sends what the run lacks; the trainer sends a gap's metrics with it too.
 
 Nothing is sent twice: each metric key's history on the server is read, and only (key, step) pairs it lacks are
 logged; artifacts already listed and params already set are skipped. Running it again, or after the trainer caught
@@ -15,24 +16,18 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import json
-import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from memlm.trainer.config.run_config import RunConfig
+from memlm.trainer.config.run_config import load_config
 from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.quiet import prints_into_library_log, route_library_loggers
 
+from .client import open_client, set_environment
 from .errors import TrackingError
-
-METRICS = "metrics.jsonl"
-EVAL_DIR = "eval"
-ROOT_ARTIFACTS = ("config.yaml", "ds_config.json")  # what the trainer logs at the top of the run's artifacts
-VALIDATION_FILE = re.compile(r"step(\d+)\.json")  # the trainer's validation passes
-EVALUATION_FILE = re.compile(r"(\w+)-step(\d+)-tgt(\d+)-mem(\d+)\.json")  # `memlm eval`'s default names
-RESULT_KEYS = ("nll", "ppl", "bpc")
+from .recorded import send_missing_artifacts, send_missing_metrics
+from .tracker import LOCK_FILE, RUN_ID_FILE, STATUS_FILE, URI_FILE, _redact, error_reason, open_run
 
 
 @dataclass
@@ -58,97 +53,8 @@ class CatchUp:
         return f"memlm track: {run_dir} -> {run}: " + ", ".join(what)
 
 
-def recorded_metrics(run_dir: Path, config: RunConfig) -> dict[str, dict[int, float]]:
-    """key -> step -> value, as the trainer and `memlm eval` log them, from what the run folder records."""
-    found: dict[str, dict[int, float]] = {}
-
-    def put(key: str, step: int, value: Any) -> None:
-        try:
-            found.setdefault(key, {})[int(step)] = float(value)
-        except (TypeError, ValueError):  # None (a skipped step's loss) or a non-number: the trainer skips it too
-            pass
-
-    metrics = run_dir / METRICS
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    for line in lines:
-        try:
-            row = json.loads(line)
-            step = int(row["step"])
-        except (ValueError, KeyError, TypeError):  # a line cut by a kill mid-write: not a row of this run
-            continue
-        for key, value in row.items():
-            if key != "step":
-                put(key, step, value)  # a step written twice (a resume without rewind): the later row wins
-    for path in sorted((run_dir / EVAL_DIR).glob("*.json")):
-        try:
-            result = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if VALIDATION_FILE.fullmatch(path.name):
-            prefix, step = "valid_", result.get("step")
-        elif EVALUATION_FILE.fullmatch(path.name):
-            trained = (result.get("tgt_len"), result.get("mem_len")) == (config.model.tgt_len, config.model.mem_len)
-            suffix = "" if trained else f"_tgt{result.get('tgt_len')}_mem{result.get('mem_len')}"
-            prefix, step = f"{result.get('split')}_", result.get("step")
-        else:
-            continue
-        for key in RESULT_KEYS:
-            if key in result and step is not None:
-                put(f"{prefix}{key}{suffix if prefix != 'valid_' else ''}", step, result[key])
-    return found
-
-
-def send_missing_metrics(client: Any, run_id: str, run_dir: Path, config: RunConfig,
-                         steps: Optional[tuple[int, int]] = None) -> tuple[int, int, int]:
-    """Log the recorded metrics (those of steps first..last only, if given) that the run's history lacks.
-    Returns (sent, already there, keys)."""
-    from mlflow.entities import Metric
-
-    from .tracker import MAX_BATCH_METRICS
-
-    now = int(time.time() * 1000)
-    missing, present = [], 0
-    recorded = recorded_metrics(run_dir, config)
-    for key, values in sorted(recorded.items()):
-        if steps is not None:
-            values = {s: v for s, v in values.items() if steps[0] <= s <= steps[1]}
-        if not values:
-            continue
-        held = {m.step for m in client.get_metric_history(run_id, key)}
-        for step in sorted(values):
-            if step in held:
-                present += 1
-            else:
-                missing.append(Metric(key, values[step], now, step))
-    missing.sort(key=lambda m: m.step)  # in step order, as the trainer would have sent them
-    for i in range(0, len(missing), MAX_BATCH_METRICS):
-        client.log_batch(run_id, metrics=missing[i:i + MAX_BATCH_METRICS], synchronous=True)
-    return len(missing), present, len(recorded)
-
-
-def send_missing_artifacts(client: Any, run_id: str, run_dir: Path) -> int:
-    """Log config.yaml, ds_config.json and eval/*.json where the run's artifacts lack them; returns how many."""
-    wanted = [(run_dir / name, None) for name in ROOT_ARTIFACTS]
-    wanted += [(path, EVAL_DIR) for path in sorted((run_dir / EVAL_DIR).glob("*.json"))]
-    listed = {a.path for a in client.list_artifacts(run_id)}
-    if EVAL_DIR in listed:
-        listed |= {a.path for a in client.list_artifacts(run_id, EVAL_DIR)}
-    sent = 0
-    for path, folder in wanted:
-        name = f"{folder}/{path.name}" if folder else path.name
-        if path.is_file() and name not in listed:
-            client.log_artifact(run_id, str(path), folder)
-            sent += 1
-    return sent
-
-
 def catch_up(run_dir: Path, uri: Optional[str] = None) -> CatchUp:
     """Everything RUN_DIR records that its MLflow run lacks, logged to it (see the module docstring)."""
-    from memlm.trainer.config.run_config import load_config
-
-    from .client import open_client, set_environment
-    from .tracker import LOCK_FILE, RUN_ID_FILE, STATUS_FILE, URI_FILE, _redact, error_reason, open_run
-
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
@@ -208,10 +114,6 @@ class _folder_lock:
 
 
 def main(args: argparse.Namespace) -> int:
-    from memlm.trainer.runtime.quiet import prints_into_library_log, route_library_loggers
-
-    from .client import set_environment
-
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise TrackingError(f"run folder {run_dir} does not exist")

@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.config.run_config import TrackingConfig
 from memlm.trainer.runtime import heartbeat
 
 from .compare_runs import COMPARISON_KIND, KIND_TAGS, ExperimentRuns, describe, open_store, read_experiment, resolve_uri
 from .compare_table import build_row, sort_rows, to_csv, to_markdown
 from .errors import TrackingError
 from .plots import plot_curves
+from .tracker import ensure_experiment, error_reason
 
 MAX_PARAM = 6000  # MLflow's limit on a param value's length
 COMPARISONS_SUFFIX = "-comparisons"  # the snapshots' experiment: the compared one's name plus this
@@ -92,10 +94,6 @@ def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Pat
     params = {"runs": str(len(found.runs)), "run_ids": run_ids if len(run_ids) <= MAX_PARAM else "(too many)"}
     run_id = ""
     try:
-        from memlm.trainer.config.run_config import TrackingConfig
-
-        from .tracker import ensure_experiment
-
         # Snapshots hold no training metrics: no saved view of them (the run name says when it was taken).
         experiment_id = ensure_experiment(TrackingConfig(experiment=comparison_experiment(found.name), uri=uri),
                                           client, view=None)
@@ -109,8 +107,6 @@ def log_comparison(client: Any, uri: str, found: ExperimentRuns, files: list[Pat
         client.set_terminated(run_id, "FINISHED")
         return run_id
     except Exception as exc:  # noqa: BLE001 - the table is written and printed; the copy in MLflow is extra
-        from .tracker import error_reason
-
         print(f"memlm: warning: could not log the comparison to MLflow ({error_reason(exc)}); the files are in "
               f"{files[0].parent}", file=sys.stderr)
         if run_id:

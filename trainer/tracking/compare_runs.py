@@ -17,8 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from memlm.trainer.config.run_config import TrackingConfig
+
 from .client import open_client, set_environment
 from .errors import TrackingError
+from .tracker import error_reason
 
 KIND_TAGS = ("kind", "memlm.kind")  # what the cluster commands tag runs that are not training runs with
 COMPARISON_KIND = "comparison"
@@ -52,8 +55,6 @@ class ExperimentRuns:
 
 def resolve_uri(uri: str | None) -> str:
     """--uri, else $MLFLOW_TRACKING_URI, else ./mlflow.db as an absolute sqlite:/// URI (as training does)."""
-    from memlm.trainer.config.run_config import TrackingConfig
-
     return TrackingConfig(uri=uri or "").resolved_uri()
 
 
@@ -93,8 +94,6 @@ def _experiment(client: Any, uri: str, name: str) -> Any:
     try:
         experiment = client.get_experiment_by_name(name)
     except Exception as exc:  # noqa: BLE001 - the first request: whatever fails here, the store is unusable
-        from .tracker import error_reason
-
         raise TrackingError(f"cannot read the MLflow store {uri} ({error_reason(exc)}); "
                            "start the server or fix --uri / $MLFLOW_TRACKING_URI") from None
     if experiment is None:

@@ -24,9 +24,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
 from memlm.models.config import ARCHS, ConfigError, ModelConfig
+from memlm.models.flops import flops_per_token, param_count
 from memlm.models.registry import arch_spec
+from memlm.trainer.config.run_config import CHOICES, apply_overrides
+from memlm.trainer.config.schema import build
 
 from .compare_runs import RunRecord
+from .tracker import tokenizer_kind
 
 
 @dataclass
@@ -75,17 +79,12 @@ MARKDOWN_COLUMNS = [
 def model_config_from_params(params: dict[str, str]) -> ModelConfig:
     """The run's ModelConfig from its logged `model.*` params (strings), typed and validated; ConfigError when a
     param cannot be read back (a run logged by another memlm version with keys this one does not know)."""
-    from memlm.trainer.config.run_config import CHOICES, apply_overrides
-    from memlm.trainer.config.schema import build
-
     pairs = [f"{key}={value}" for key, value in params.items() if key.startswith("model.")]
     tree = apply_overrides({}, pairs)
     return build(ModelConfig, tree.get("model", {}), prefix="model", choices=CHOICES).validate()
 
 
 def build_row(record: RunRecord) -> Row:
-    from memlm.models.flops import flops_per_token, param_count
-
     m = record.metrics
     loss = record.histories.get("loss", [])
     speeds = [value for _, value in record.histories.get("tokens_per_s", [])]
@@ -138,8 +137,6 @@ def byte_level(record: RunRecord) -> bool:
     `tokenizer` tag (the Tracker sets it), else from the manifest at its logged data.path where that is readable."""
     kind = record.tags.get("tokenizer")
     if not kind or kind == "unknown":
-        from .tracker import tokenizer_kind
-
         kind = tokenizer_kind(record.params.get("data.path", ""))
     return kind == "bytes"
 

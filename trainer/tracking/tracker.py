@@ -31,8 +31,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from memlm.trainer.checkpoint.run_files import RUN_ID_FILE
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
+from memlm.trainer.runtime.quiet import prints_into_library_log, route_library_loggers
 
 from .client import open_client, set_environment
+from .recorded import MAX_BATCH_METRICS, send_missing_metrics
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,6 @@ STATUS_FILE = "mlflow_run_status"  # ... and how the run ended (FINISHED/FAILED/
 LOCK_FILE = ".mlflow_tracker.lock"  # held while a Tracker runs: `memlm track` leaves a training run's folder alone
 FLUSH_EVERY_CALLS = 20  # log_metrics calls between batches (each SQLite write costs ~10-15 ms, docs/design.md §9)
 FLUSH_EVERY_SECONDS = 30.0  # ... or this long since the last batch, whichever comes first
-MAX_BATCH_METRICS = 1000  # MLflow's limit per log_batch
 MAX_BATCH_PARAMS = 100  # MLflow's limit for params/tags per log_batch
 MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 RETRY_FIRST_SECONDS = 15.0  # after a failure, the next try; each failed retry doubles the wait ...
@@ -180,8 +181,6 @@ class Tracker:
             (self._run_dir / STATUS_FILE).write_text(status + "\n")
         except OSError as exc:  # a full disk must not turn a finished run into a crash here
             log.warning("tracking: cannot record the run's status in %s (%s)", self._run_dir / STATUS_FILE, exc)
-        from memlm.trainer.runtime.quiet import prints_into_library_log
-
         # Against a tracking server MLflow prints "View run ... at: URL" lines on stdout here.
         with prints_into_library_log(self._run_dir):
             sent = self._send(force=True, drain=True) and self._call(self._client.set_terminated, self.run_id, status)
@@ -209,8 +208,6 @@ class Tracker:
         """Record the store before any MLflow call (so `memlm track` finds it even if no call ever succeeds), forget
         how an earlier run in this folder ended (this one is running), and hold LOCK_FILE while it runs."""
         import fcntl
-
-        from memlm.trainer.runtime.quiet import route_library_loggers
 
         self._run_dir.mkdir(parents=True, exist_ok=True)
         (self._run_dir / STATUS_FILE).unlink(missing_ok=True)
@@ -254,8 +251,6 @@ class Tracker:
                 del self._pending[0]
             self._flush_metrics(None if drain else MAX_BATCHES_PER_CALL)
             if self._gap and not self._metrics:
-                from .catchup import send_missing_metrics
-
                 send_missing_metrics(self._client, self.run_id, self._run_dir, self._config, steps=tuple(self._gap))
                 self._gap = None
         except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, training goes on

@@ -35,9 +35,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from memlm.trainer.config.run_config import TrackingConfig
 from memlm.trainer.runtime import heartbeat
 
+from .client import open_client
 from .errors import TrackingError
+from .tracker import RUNS_VIEW_TAG, runs_link
 
 READY_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core machine takes ~15-30 s
 UI_LOG = "mlflow-ui.log"
@@ -123,8 +126,6 @@ def main(args: argparse.Namespace) -> int:
 
 def backend_store(uri: str | None) -> str:
     """The database URI the UI reads; a missing SQLite file or a server address is a one-line error."""
-    from memlm.trainer.config.run_config import TrackingConfig
-
     store = TrackingConfig(uri=uri or "").resolved_uri()
     if store.startswith(("http://", "https://")):
         raise TrackingError(f"{store} is already a tracking server: open it in a browser; `memlm ui` needs a "
@@ -166,11 +167,7 @@ def experiment_links(store: str, url: str, limit: int = 20) -> list[str]:
     The UI's home page lists experiments, and an experiment without the `mlflow.experimentKind` tag (one made by
     an older memlm or by hand) opens on the GenAI Traces tab; these links open the training runs directly, in
     memlm's saved view where the experiment has it, in the UI's classic machine-learning mode (tracker.UI_WORKFLOW)."""
-    from .tracker import RUNS_VIEW_TAG, runs_link
-
     try:
-        from .client import open_client
-
         experiments = open_client(store, create=False).search_experiments(max_results=limit + 1,
                                                                         order_by=["last_update_time DESC"])
     except Exception:  # noqa: BLE001 - the links are a convenience; the UI itself is up
