@@ -1,5 +1,5 @@
-"""memlm models: every arch of registry.py (`transformer`, `txl`, `lamemo`, `rmt`, `compressive`, `infinite_former`,
-`armt`: tests/docs/test_docs_match_code.py keeps this list whole) behind one contract (docs/design.md §3).
+"""memlm models: every arch of registry.py (`memlm config --list` prints them; not listed here, so a new arch
+touches no file but its own) behind one contract (docs/design.md §3).
 
     model = build_model(ModelConfig(arch="lamemo", ...))
     memory = model.init_memory(batch_size=B)
