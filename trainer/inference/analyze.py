@@ -33,6 +33,7 @@ from memlm.models.config import ConfigError
 from memlm.models.registry import arch_spec
 from memlm.models.rmt import rmt_allowed
 from memlm.models.txl import reset_valid
+from memlm.trainer.checkpoint.pretrained import is_export
 from memlm.trainer.checkpoint.run_loader import load_run
 from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.process import prepare_process
@@ -227,10 +228,14 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
 
 def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int = 64, tag: str | None = None,
                 out_dir: str | os.PathLike | None = None, track: bool = True) -> dict[str, Any]:
-    """Analyse RUN_DIR's checkpoint on `split`; write analysis JSON + plots; log them to the run's MLflow run."""
+    """Analyse RUN_DIR's checkpoint on `split`; write analysis JSON + plots; log them to the run's MLflow run.
+    RUN_DIR may be an export folder when out_dir names where the files go: an export is not written into."""
     if segments < 1:
         raise ConfigError(f"--segments must be >= 1, got {segments}")
     run_dir = Path(run_dir)
+    if out_dir is None and is_export(run_dir):
+        raise ConfigError(f"{run_dir} is an export folder, which analyze does not write into: analyze its run "
+                          "folder, or call analyze_run(DIR, out_dir=FOLDER) from Python")
     heartbeat.phase(f"loading the weights of {run_dir}")  # each slow step named: a line within 10 s (start_watch.py)
     model, _, run = load_run(run_dir, tag=tag)
     cfg = run.config

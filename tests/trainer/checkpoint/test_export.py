@@ -134,9 +134,10 @@ def test_eval_and_generate_give_the_runs_results(run, capsys):
     assert "not evaluated" not in text and row in text
 
 
-def test_longeval_and_analyze_read_an_export_as_its_run(run, tmp_path):
-    """Every command that reads a trained run loads it one way (trainer/checkpoint/run_loader.py): longeval and
-    analyze took a run folder only (they looked for its checkpoints) and now read an export folder as its run."""
+def test_longeval_and_analyze_read_an_export_as_its_run(run, tmp_path, capsys):
+    """Every command that reads a trained run loads it one way (trainer/checkpoint/run_loader.py): longeval's scorer
+    and analyze took a run folder only (they looked for its checkpoints) and now read an export folder as its run;
+    analyze writes its files elsewhere, never into the export."""
     from memlm.trainer.inference.analyze import analyze_run
     from memlm.trainer.inference.longeval import evaluate_length
 
@@ -148,6 +149,11 @@ def test_longeval_and_analyze_read_an_export_as_its_run(run, tmp_path):
     for view in views:
         view.pop("files")
     assert views[1] == views[0] and views[0]["step"] == 2
+    before = sorted(p.name for p in run["fp32"].rglob("*"))
+    capsys.readouterr()  # what loading the run's checkpoint printed
+    assert main(["analyze", str(run["fp32"]), "--segments", "2"]) == 2
+    assert "is an export folder, which analyze does not write into" in _one_error_line(capsys)
+    assert sorted(p.name for p in run["fp32"].rglob("*")) == before
 
 
 def test_one_line_loader_in_a_fresh_interpreter(run):
