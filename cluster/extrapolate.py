@@ -32,12 +32,27 @@ from pathlib import Path
 from typing import Any
 
 from memlm.data_pipeline.progress import format_duration
+from memlm.trainer.inference.evaluate import write_json
 from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
-from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, trained_tgt_len
+from .extrapolate_mlflow import log_run, open_experiment
+from .extrapolate_outputs import build_summary, table, write_outputs
+from .extrapolate_plan import Job, check_runs, parse_mult, plan_jobs, read_result, trained_tgt_len
+from .extrapolate_task import evaluate_task
 from .ray_flags import check_ray_flags
-from .ray_runtime import error_reason
+from .ray_runtime import (
+    amount,
+    connected_resources,
+    dead_nodes,
+    error_reason,
+    local_resources,
+    lost_since,
+    missing,
+    quiet_console_env,
+    ray_session,
+    short_node,
+)
 
 DEFAULT_OUT = "extrapolation"
 # Errors worth another attempt: I/O hiccups on a shared filesystem, a runtime failure of torch (allocation on a
@@ -47,13 +62,9 @@ RETRY_EXCEPTIONS = [OSError, RuntimeError, MemoryError]
 
 
 def main(args: argparse.Namespace) -> int:
-    from .ray_runtime import quiet_console_env
-
     quiet_console_env()  # before anything imports ray
     check_ray_flags(args)
     if not args.address:  # what the local Ray will have is known before it starts
-        from .ray_runtime import local_resources
-
         _refuse_unless_tasks_fit(args, local_resources(args.num_cpus), "the local Ray would have")
     mults = parse_mult(args.mult)
     if args.tgt_len is None:  # the runs' own N: a model trained at N = 8 is extrapolated at N = 8
@@ -61,8 +72,6 @@ def main(args: argparse.Namespace) -> int:
     runs = check_runs(args.run_dirs, args.split, args.tgt_len, mults)
     out = Path(args.out or DEFAULT_OUT).resolve()
     jobs, results = plan_jobs(runs, mults, args.tgt_len, args.split, out)
-
-    from .extrapolate_mlflow import open_experiment
 
     client, experiment_id, uri = open_experiment(args.experiment, args.uri)
     total = len(runs) * len(mults)
@@ -93,8 +102,6 @@ class Where:
 
     def lines(self) -> list[str]:
         """The summary's lines about lost nodes and retried evaluations (none when nothing was retried)."""
-        from .ray_runtime import short_node
-
         lines = []
         if self.lost:
             names = ", ".join(f"{short_node(n)} ({addr})" for n, addr in sorted(self.lost.items()))
@@ -115,17 +122,12 @@ def run_on_ray(jobs: list[Job], args: argparse.Namespace
     (run name, m)."""
     import ray
 
-    from .extrapolate_task import evaluate_task
-    from .ray_runtime import dead_nodes, lost_since, ray_session, short_node
-
     results: dict[tuple[str, int], dict] = {}
     where = Where()
     seconds: dict[tuple[str, int], float] = {}
     failures: list[str] = []
     with ray_session(args.address, args.num_cpus):
         if args.address:  # a cluster's resources are known once connected
-            from .ray_runtime import connected_resources
-
             _refuse_unless_tasks_fit(args, connected_resources(), f"the Ray cluster at {args.address} has")
         dead_before = dead_nodes()  # a cluster remembers nodes that died before this command
         task = ray.remote(evaluate_task)
@@ -188,9 +190,6 @@ def _on_node(where: Where, key: tuple[str, int], short_node) -> str:
 def finish(args, runs, mults, out: Path, results, seconds, failures, client, experiment_id: str, uri: str,
            where: Where) -> int:
     """Summary, CSV, plot, MLflow, the table; exit status 1 when some (run, m) failed."""
-    from .extrapolate_mlflow import log_run
-    from .extrapolate_outputs import build_summary, table, write_outputs
-
     summary = build_summary(runs, mults, args.split, args.tgt_len, results, seconds, where.nodes)
     summary["lost_nodes"] = sorted(where.lost)
     paths = write_outputs(out, summary)
@@ -218,8 +217,6 @@ def finish(args, runs, mults, out: Path, results, seconds, failures, client, exp
 
 def _refuse_unless_tasks_fit(args: argparse.Namespace, available: dict[str, float], where: str) -> None:
     """Ray would queue a task that no node can hold forever: one line instead, naming the flags to change."""
-    from .ray_runtime import amount, missing
-
     asked = {"CPU": args.cpus_per_task, "GPU": args.gpus_per_task}
     short = missing(asked, available)
     if not short:
@@ -240,10 +237,6 @@ def _refuse_unless_tasks_fit(args: argparse.Namespace, available: dict[str, floa
 def _keep(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     """The task wrote job.json_path itself; on a cluster whose workers do not share this filesystem it landed on
     the worker's disk instead, so the driver writes it whenever its copy here is missing or different."""
-    from memlm.trainer.inference.evaluate import write_json
-
-    from .extrapolate_plan import read_result
-
     if read_result(job.json_path) != result:
         write_json(result, job.json_path)
     return result

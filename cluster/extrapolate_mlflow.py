@@ -13,6 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.config.run_config import TrackingConfig
+from memlm.trainer.tracking.client import open_client
+from memlm.trainer.tracking.tracker import RunsView, ensure_experiment
+
 from .errors import ClusterError
 from .extrapolate_plan import RunSpec
 
@@ -29,10 +33,6 @@ EXTRAPOLATION_VIEW_COLUMNS = ("metrics.`extrapolate_ppl`", "metrics.`extrapolate
 
 def open_experiment(experiment: str, uri: str | None) -> tuple[Any, str, str]:
     """(client, experiment id, resolved URI), creating the experiment now: before Ray and before any task."""
-    from memlm.trainer.config.run_config import TrackingConfig
-    from memlm.trainer.tracking.client import open_client
-    from memlm.trainer.tracking.tracker import RunsView, ensure_experiment
-
     cfg = TrackingConfig(experiment=experiment, uri=uri or "")
     resolved = cfg.resolved_uri()
     try:

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.shards import load_manifest
+from memlm.trainer.checkpoint.run_loader import resolve_eval_config
+from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+
 from .errors import ClusterError
 
 _ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -63,8 +68,6 @@ class Job:
 def trained_tgt_len(run_dirs: list[str]) -> int:
     """The target length the runs were trained with: --tgt-len's default. Runs trained with different lengths
     have no common default (the plot and table are at one N): a ClusterError asks for --tgt-len."""
-    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
-
     lengths: dict[str, int] = {}
     for run_dir in run_dirs:
         cfg = resolve_eval_config(Path(run_dir), "test", None, None, None, None, None)  # names a missing folder
@@ -78,11 +81,6 @@ def trained_tgt_len(run_dirs: list[str]) -> int:
 
 def check_runs(run_dirs: list[str], split: str, tgt_len: int, mults: list[int]) -> list[RunSpec]:
     """Every RUN_DIR resolved and validated at every m the way `memlm eval` would, or the first error."""
-    from memlm.data_pipeline.format import DataError
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
-    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-
     if tgt_len < 1:
         raise ClusterError(f"--tgt-len must be >= 1, got {tgt_len}")
     folders = [Path(d).resolve() for d in run_dirs]

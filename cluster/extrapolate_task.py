@@ -13,6 +13,10 @@ import socket
 import time
 from typing import Any
 
+from memlm.trainer.inference.evaluate import evaluate_run
+from memlm.trainer.runtime.faults import hold_point
+from memlm.trainer.runtime.process import prepare_process
+
 from .ray_runtime import clear_launch_env, placement
 
 
@@ -35,11 +39,8 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
                            f"{dist.get_world_size()}; an extrapolation task must run alone")
     # Ray reserves CPUs per task but does not pin threads; torch would otherwise start one thread per core of the
     # node, and two tasks on a 2-core node would fight over 4 threads.
-    from memlm.trainer.runtime.process import prepare_process
 
     prepare_process(cpus=max(1, math.ceil(threads)), who="extrapolate task")
-    from memlm.trainer.inference.evaluate import evaluate_run
-    from memlm.trainer.runtime.faults import hold_point
 
     hold_point("extrapolate", mem_len)  # the tests' MEMLM_TEST_HOLD: lose a node while this task runs there
     start = time.perf_counter()

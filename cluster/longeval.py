@@ -29,17 +29,17 @@ from memlm.trainer.runtime import heartbeat
 
 from .errors import ClusterError
 from .extrapolate import RETRY_EXCEPTIONS
+from .extrapolate_mlflow import open_experiment
 from .longeval_outputs import log_run, summary, table, write_outputs
 from .longeval_plan import Source, check_runs, parse_lengths, source_of
+from .longeval_task import longeval_task
 from .ray_flags import check_ray_flags
-from .ray_runtime import error_reason
+from .ray_runtime import error_reason, quiet_console_env, ray_session
 
 DEFAULT_OUT = "longeval"
 
 
 def main(args: argparse.Namespace) -> int:
-    from .ray_runtime import quiet_console_env
-
     quiet_console_env()
     check_ray_flags(args)
     if args.babilong is None and args.lengths is not None:
@@ -56,8 +56,6 @@ def main(args: argparse.Namespace) -> int:
                 results[(run.name, source.lengths[i])] = old
             else:
                 jobs.append((run, i, path))
-
-    from .extrapolate_mlflow import open_experiment
 
     client, experiment_id, uri = open_experiment(args.experiment, args.uri)
     heartbeat.phase(None)  # its first line (memlm/start_watch.py)
@@ -95,9 +93,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _run_on_ray(jobs, source: Source, args) -> tuple[dict, dict, list[str]]:
     import ray
-
-    from .longeval_task import longeval_task
-    from .ray_runtime import ray_session
 
     results, seconds, failures = {}, {}, []
     with ray_session(args.address, args.num_cpus):

@@ -15,6 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.inference.longeval import depth_windows
+from memlm.trainer.inference.longeval_baselines import DESCRIPTIONS
+from memlm.trainer.tracking.plots import plot_accuracy_heatmap
+
+from .extrapolate_mlflow import linked_train_run
+from .longeval_plots import plot_accuracy
+
 METRIC = "longeval_acc"
 BASELINE_METRIC = "longeval_baseline_{}"
 CSV_FIELDS = ("run", "arch", "step", "task", "split", "length", "length_label", "depth_min", "depth_max", "samples",
@@ -41,11 +48,6 @@ def baseline_names(summary: dict) -> list[str]:
 
 
 def write_outputs(out: Path, summary: dict) -> dict[str, Path]:
-    from memlm.trainer.inference.longeval import depth_windows
-    from memlm.trainer.tracking.plots import plot_accuracy_heatmap
-
-    from .longeval_plots import plot_accuracy
-
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "csv": out / "longeval.csv", "plot": out / "accuracy.png"}
     paths["summary"].write_text(json.dumps(summary, indent=2) + "\n")
@@ -87,8 +89,6 @@ def title(summary: dict) -> str:
 
 
 def table(summary: dict) -> str:
-    from memlm.trainer.inference.longeval_baselines import DESCRIPTIONS
-
     lengths, labels = summary["lengths"], summary["length_labels"]
     rows = ["| run | " + " | ".join(labels) + " |", "|---|" + "---|" * len(lengths)]
     for name, run in summary["runs"].items():
@@ -110,8 +110,6 @@ def table(summary: dict) -> str:
 def log_run(client: Any, experiment_id: str, run, summary: dict, artifacts: list[Path]) -> None:
     """One MLflow run for one run folder: accuracy and every baseline at step = length, the files as artifacts."""
     from mlflow.entities import Metric, Param, RunTag
-
-    from .extrapolate_mlflow import linked_train_run
 
     body = summary["runs"][run.name]
     name = f"{run.name}-babilong-{summary['task']}" if summary["source"] == "babilong" else \

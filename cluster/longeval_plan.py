@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline import babilong
+from memlm.data_pipeline.shards import load_manifest
+from memlm.data_pipeline.tasks import DEFAULTS as TASK_DEFAULTS
+from memlm.data_pipeline.tasks import resolve_options
+from memlm.trainer.checkpoint.run_loader import resolve_eval_config
+from memlm.trainer.checkpoint.store import find_checkpoint, step_of
+
 from .errors import ClusterError
+from .extrapolate_plan import unique_names
 
 LONGCTX_TASKS = ("qa1", "qa2", "qa3", "passkey")  # data_pipeline/longctx.py's
 DEFAULTS = {"lengths": "512,1k,2k,4k", "depths": 5, "samples": 20, "seed": 0, "split": "test"}  # generated tasks
@@ -90,9 +98,6 @@ def parse_lengths(text: str) -> list[int]:
 
 def trained_corpus(run_dir: Path) -> dict:
     """The manifest's corpus entry of the data the run was trained on."""
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
-
     cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
     return load_manifest(Path(cfg.data.path)).get("corpus") or {}
 
@@ -107,8 +112,6 @@ def source_of(args: argparse.Namespace, first_run: Path) -> Source:
     for flag in ("depths", "samples"):
         if getattr(args, flag) < 1:
             raise ClusterError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-    from memlm.data_pipeline.tasks import DEFAULTS as TASK_DEFAULTS
-    from memlm.data_pipeline.tasks import resolve_options
 
     if args.task is not None and args.task not in LONGCTX_TASKS:
         raise ClusterError(f"--task {args.task}: the generated tasks are {', '.join(LONGCTX_TASKS)}; BABILong's "
@@ -137,8 +140,6 @@ def size_label(n: int) -> str:
 
 
 def _babilong_source(args: argparse.Namespace, first_run: Path) -> Source:
-    from memlm.data_pipeline import babilong
-
     given = [f"--{flag}" for flag in GENERATED_ONLY if getattr(args, flag) is not None]
     if given:
         raise ClusterError(f"--babilong scores BABILong's own samples: {', '.join(given)} appl"
@@ -168,11 +169,6 @@ def _babilong_source(args: argparse.Namespace, first_run: Path) -> Source:
 
 
 def check_runs(run_dirs: list[str]) -> list[LongRun]:
-    from memlm.trainer.checkpoint.run_loader import resolve_eval_config
-    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-
-    from .extrapolate_plan import unique_names
-
     folders = [Path(d).resolve() for d in run_dirs]
     if len(set(folders)) != len(folders):
         raise ClusterError("the same RUN_DIR is given twice; name each run once")

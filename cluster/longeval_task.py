@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.inference.evaluate import write_json
+from memlm.trainer.inference.longeval import evaluate_length
+from memlm.trainer.inference.longeval_babilong import evaluate_babilong
+from memlm.trainer.runtime.process import prepare_process
+
 from .ray_runtime import clear_launch_env
 
 
@@ -22,19 +27,13 @@ def longeval_task(run_dir: str, spec: dict, json_path: str, threads: float) -> d
     """The spec's evaluation as one process with `threads` torch threads; writes json_path. Returns {"result",
     "seconds", "host", "pid"}."""
     clear_launch_env()  # one process by design: a stale WORLD_SIZE from the driver must not make it wait for ranks
-    from memlm.trainer.runtime.process import prepare_process
 
     prepare_process(cpus=max(1, math.ceil(threads)), who="longeval task")
-    from memlm.trainer.inference.evaluate import write_json
 
     start = time.perf_counter()
     if spec["source"] == "babilong":
-        from memlm.trainer.inference.longeval_babilong import evaluate_babilong
-
         result = evaluate_babilong(run_dir, spec["folder"], spec["task"], spec["length"], spec["samples"])
     else:
-        from memlm.trainer.inference.longeval import evaluate_length
-
         result = evaluate_length(run_dir, spec["task"], spec["options"], spec["length"], spec["depths"],
                                  spec["samples"], seed=spec["seed"], split=spec["split"], lanes=spec["lanes"])
     write_json(result, Path(json_path))

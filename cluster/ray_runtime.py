@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.distributed import loopback_comm_env, loopback_single_process
 
 from .errors import ClusterError
@@ -196,7 +197,6 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 num_gpus: int | None = None) -> Iterator[None]:
     """Ray for the duration of the block; shut down afterwards only if this block started it."""
     quiet_console_env()
-    from memlm.trainer.runtime import heartbeat
 
     heartbeat.said()  # the command has just said what it will run
     heartbeat.phase(f"connecting to the Ray cluster at {address}" if address else "starting a local Ray (127.0.0.1)")

@@ -32,11 +32,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline.shards import load_manifest
 from memlm.trainer.config import presets
+from memlm.trainer.config.run_config import TrackingConfig
 from memlm.trainer.runtime import heartbeat
+from memlm.trainer.runtime.quiet import LIBRARY_LOGGERS, route_library_loggers
 
 from .errors import ClusterError
 from .ray_flags import check_ray_flags
+from .ray_runtime import (
+    amount,
+    connected_resources,
+    dead_nodes,
+    local_resources,
+    lost_since,
+    missing,
+    quiet_console_env,
+    ray_session,
+    short_node,
+)
 from .sweep_config import Sweep, load_sweep
 from .sweep_tracking import ParentRun, markdown_table, trials_csv
 from .sweep_trial import TRIALS_DIR, run_folder_result, trial_fn, trial_nodes
@@ -51,8 +65,6 @@ ENDED = ("TERMINATED", STOPPED)  # trials that may be the best
 
 
 def main(args: argparse.Namespace) -> int:
-    from .ray_runtime import local_resources, quiet_console_env
-
     quiet_console_env()  # before anything imports ray
     sweep = load_sweep(args.sweep, args.overrides, args.num_samples)
     check_ray_flags(args)
@@ -73,8 +85,6 @@ def main(args: argparse.Namespace) -> int:
     print(f"memlm sweep: {sweep.name}: {_describe_trials(sweep)} of {base} in {sweep_dir}", flush=True)
     parent: ParentRun | None = None
     try:
-        from .ray_runtime import connected_resources, dead_nodes, lost_since, ray_session
-
         with ray_session(address=args.address, num_cpus=args.num_cpus):
             if args.address:  # a cluster's resources are known once connected; Tune has not started yet
                 _refuse_unless_trials_fit(sweep, connected_resources(), f"the Ray cluster at {args.address} has",
@@ -105,8 +115,6 @@ def _refuse_unless_trials_fit(sweep: Sweep, available: dict[str, float], where: 
                               args: argparse.Namespace) -> None:
     """Ray queues a request no node can fulfil forever (Tune repeats "No available node types can fulfill
     resource request"): refuse such a sweep in one line instead, with the fix."""
-    from .ray_runtime import amount, missing
-
     asked = trial_request(sweep)
     short = missing(asked, available)
     if not short:
@@ -141,8 +149,6 @@ def _route_library_logs(sweep_dir: Path) -> None:
     passing records on to Ray's console handler."""
     import logging
 
-    from memlm.trainer.runtime.quiet import LIBRARY_LOGGERS, route_library_loggers
-
     for name in TUNE_LOGGERS:  # a previous sweep of this process (tests) wrote to its own folder
         logger = logging.getLogger(name)
         for handler in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
@@ -153,9 +159,6 @@ def _route_library_logs(sweep_dir: Path) -> None:
 
 def _pin_paths(sweep: Sweep) -> tuple[str, str]:
     """Absolute data path and MLflow URI for every trial; tracking on (the sweep's results are MLflow runs)."""
-    from memlm.data_pipeline.shards import load_manifest
-    from memlm.trainer.config.run_config import TrackingConfig
-
     cfg = sweep.trial_config({d.key: d.candidates()[0] for d in sweep.space})
     pinned: dict[str, Any] = {}
     if not cfg.data.path:
@@ -224,7 +227,7 @@ def _run_tune(sweep: Sweep, sweep_dir: Path, parent_id: str, uri: str, resuming:
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from .sweep_progress import Progress
+    from .sweep_progress import Progress  # here: it imports ray.tune, which must come after quiet_console_env
 
     f = sweep.file
     spec = {"sweep_dir": str(sweep_dir), "name": sweep.name, "base_tree": sweep.base_tree, "fixed": sweep.fixed,
@@ -351,8 +354,6 @@ def _report(sweep: Sweep, sweep_dir: Path, trials: list, parent: ParentRun, lost
 def retry_lines(rows: list[dict], lost: dict[str, str]) -> list[str]:
     """What the sweep's summary says about failures: the nodes lost while it ran, and every retried trial with
     where it ran (its run folder's nodes.jsonl) and how it ended."""
-    from .ray_runtime import short_node
-
     lines = []
     if lost:
         names = ", ".join(f"{short_node(node)} ({addr})" for node, addr in sorted(lost.items()))
@@ -409,7 +410,7 @@ def trial_status(tune_status: str, trained: int | None, planned: int, scheduled:
         return STOPPED if scheduled and (trained or 0) < planned else "TERMINATED"
     if tune_status == "ERROR":
         return "ERROR"
-    from memlm.trainer.checkpoint import store as checkpoint
+    from memlm.trainer.checkpoint import store as checkpoint  # torch: the driver's only for an unfinished trial
 
     tag = checkpoint.latest_tag(run_dir / "checkpoints")
     if tag is None:

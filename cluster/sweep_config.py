@@ -27,7 +27,15 @@ from typing import Any
 from memlm.models.config import ConfigError
 from memlm.trainer.config import presets
 from memlm.trainer.config.run_config import RunConfig, apply_overrides, config_from_dict
-from memlm.trainer.config.schema import build, flatten_dict, key_type, read_yaml
+from memlm.trainer.config.schema import (
+    build,
+    flatten_dict,
+    key_type,
+    load_tree,
+    parse_yaml_value,
+    read_yaml,
+    set_dotted,
+)
 
 # Metrics every trial reports (trainer rows and validation rows); the sweep selects on one of them.
 METRICS = ("valid_ppl", "valid_nll", "valid_bpc", "loss", "ppl")
@@ -163,7 +171,6 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
         base_path = presets.find(file.base, relative_to=path.parent).resolve()
     except ConfigError as exc:
         raise ConfigError(f"{path}: 'base: {file.base}': {exc}") from None
-    from memlm.trainer.config.schema import load_tree
 
     base_tree = load_tree(base_path, find_parent=presets.find)
     # Typed dotted values: apply_overrides names a bad key/type; flatten_dict gives them back dotted.
@@ -188,8 +195,6 @@ def _apply_sweep_keys(cli_overrides: list[str], tree: dict) -> tuple[list[str], 
     max_concurrent=1, ...) are set in the sweep file's tree, the rest (run-config keys) are returned for the
     trials. The two sets of keys never overlap: a run config's sections are model, data, train, ..."""
     from dataclasses import fields
-
-    from memlm.trainer.config.schema import key_type, parse_yaml_value, set_dotted
 
     sweep_keys = {f.name for f in fields(SweepFile)}
     rest = []

@@ -13,15 +13,15 @@ import io
 from pathlib import Path
 from typing import Any
 
+from memlm.trainer.config.run_config import TrackingConfig
+from memlm.trainer.tracking.client import open_client
+from memlm.trainer.tracking.tracker import ensure_experiment
+
 PARENT_ID_FILE = "mlflow_parent_run_id"  # in SWEEP_DIR: a resumed sweep keeps its parent run
 
 
 class ParentRun:
     def __init__(self, experiment: str, uri: str, sweep_dir: Path):
-        from memlm.trainer.config.run_config import TrackingConfig
-        from memlm.trainer.tracking.client import open_client
-        from memlm.trainer.tracking.tracker import ensure_experiment
-
         self.uri = uri
         self.client = open_client(uri)
         self.experiment_id = ensure_experiment(TrackingConfig(experiment=experiment, uri=uri), self.client)

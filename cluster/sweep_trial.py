@@ -19,6 +19,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from memlm.trainer.config.run_config import config_from_dict
+from memlm.trainer.runtime.faults import HOLD_HOOK, hold_point
+from memlm.trainer.runtime.process import prepare_process
+from memlm.trainer.tracking.client import open_client
+
+from .ray_runtime import placement, single_process_env
+from .sweep_config import plain_values
+
 TRIALS_DIR = "trials"
 NODES_FILE = "nodes.jsonl"  # in a trial's run folder: one line per attempt, the Ray node it ran on
 
@@ -63,13 +71,9 @@ def trial_fn(config: dict, spec: dict) -> None:
     (sweep_dir, base_tree, fixed, metric, resources, parent run id, ...), the same for every trial."""
     from ray import tune
 
-    from .sweep_config import plain_values
-
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()  # stable across retries and across a resumed sweep
     run_dir = Path(spec["sweep_dir"]) / TRIALS_DIR / trial_id
-    from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.runtime.process import prepare_process
 
     values = {**spec["fixed"], **plain_values(config), "tracking.parent_run_id": spec["parent_run_id"]}
     arch = config_from_dict(spec["base_tree"], values).model.arch  # the arch may be searched
@@ -80,9 +84,7 @@ def trial_fn(config: dict, spec: dict) -> None:
     if spec["workers"] > 1:
         _run_workers(spec, values, run_dir, trial_id, reporter)
     else:
-        from memlm.trainer.loop.train import run
-
-        from .ray_runtime import single_process_env
+        from memlm.trainer.loop.train import run  # here: a trial's process trains; the sweep's driver loads no torch
 
         single_process_env()  # one process: its own loopback port, never a driver's MASTER_PORT
         prepare_process(cpus=spec["resources"]["cpus"], who="trial")  # the CPUs Tune reserved for this trial
@@ -96,8 +98,6 @@ def record_attempt(run_dir: Path) -> None:
     (trials.csv's node column) and, after a retry, which node it left (a lost node's trials say so)."""
     import socket
     import time
-
-    from .ray_runtime import placement
 
     run_dir.mkdir(parents=True, exist_ok=True)
     row = {**placement(), "host": socket.gethostname(), "pid": os.getpid(), "time": round(time.time(), 3)}
@@ -115,8 +115,6 @@ def trial_nodes(run_dir: Path) -> list[str]:
 def _held(reporter: TuneReporter) -> Callable[[dict], None]:
     """The reporter, behind the tests' MEMLM_TEST_HOLD point "trial" (trainer/runtime/faults.py): a test holds
     a trial at a step after its first checkpoint, to lose the node under it. Unset, it is the reporter."""
-    from memlm.trainer.runtime.faults import HOLD_HOOK, hold_point
-
     if not os.environ.get(HOLD_HOOK):
         return reporter
 
@@ -157,8 +155,6 @@ def _tag_child_run(run_dir: Path, values: dict, spec: dict, trial_id: str) -> No
     if not values.get("tracking.enabled", True) or not id_file.is_file():
         return
     try:
-        from memlm.trainer.tracking.client import open_client
-
         client = open_client(values["tracking.uri"], create=False)
         run_id = id_file.read_text().strip()
         client.set_tag(run_id, "memlm.sweep", spec["name"])
@@ -214,9 +210,7 @@ def _run_workers(spec: dict, values: dict, run_dir: Path, trial_id: str, reporte
 
 def _worker_loop(loop_config: dict) -> None:
     """Runs on every Ray Train worker: the ordinary training run at this worker's rank."""
-    from memlm.trainer.config.run_config import config_from_dict
-    from memlm.trainer.loop.train import run
-    from memlm.trainer.runtime.process import prepare_process
+    from memlm.trainer.loop.train import run  # here: a trial's process trains; the sweep's driver loads no torch
 
     prepare_process(cpus=loop_config["cpus"], who="trial worker")  # the CPUs Ray Train reserved for this rank
     queue = loop_config["queue"]
