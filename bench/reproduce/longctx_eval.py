@@ -31,17 +31,10 @@ from bench.interrupt import stop_in_one_line  # noqa: E402
 def load_model(run_dir: Path):
     """The run's latest weights in the model `memlm eval` builds (on the GPU when there is one), its config and
     step."""
-    from memlm.models import build_model
-    from memlm.trainer.checkpoint.store import find_checkpoint, step_of
-    from memlm.trainer.checkpoint.weights import load_weights
-    from memlm.trainer.config.run_config import eval_model_config
-    from memlm.trainer.inference.evaluate import resolve_eval_config
+    from memlm.trainer.checkpoint.run_loader import open_run
 
-    cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
-    ckpt_dir, tag = find_checkpoint(run_dir, None)
-    model = build_model(eval_model_config(cfg))
-    model.load_state_dict(load_weights(ckpt_dir, tag), strict=True)
-    return model.to(device()), cfg, step_of(tag)
+    run = open_run(run_dir)  # memlm's one run loader (eval, generate, longeval, export and analyze use it)
+    return run.load_model(device()), run.config, run.step
 
 
 def device() -> str:

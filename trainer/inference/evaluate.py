@@ -31,7 +31,6 @@ from memlm.data_pipeline.stream import LaneStream
 from memlm.models import map_memory
 from memlm.models.config import ConfigError
 from memlm.trainer.checkpoint.run_loader import open_run
-from memlm.trainer.checkpoint.run_loader import resolve_eval_config as resolve_eval_config  # bench/ imports it here
 from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.distributed import evaluation_group
 from memlm.trainer.runtime.process import prepare_process, refit_threads
