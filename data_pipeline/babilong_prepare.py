@@ -26,6 +26,7 @@ from .format import MANIFEST, SPLITS, TOKENIZER_DIR, DataError
 from .prepare import _check_out, _install, _make_parents, _manifest, _remove_empty, _write
 from .shards import DEFAULT_SHARD_TOKENS
 from .tasks import SEP
+from .tokenizers import train_tokenizer
 
 HELD_OUT = 20  # with no `docs`: valid and test get 1/20 of the records each (at least one)
 
@@ -74,7 +75,6 @@ def prepare_babilong(folder: str | os.PathLike, task: str, length: str, out: str
         shutil.rmtree(tmp)
     try:
         tmp.mkdir()
-        from .tokenizers import train_tokenizer
 
         tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
         splits, first = {}, 0

@@ -25,9 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import longctx
+from .corpora import read_corpus
 from .format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
+from .progress import Meter, is_terminal
 from .progress import phase as progress_phase
 from .shards import DEFAULT_SHARD_TOKENS, write_split
+from .tasks import resolve_options, task_documents
+from .tokenizers import load_tokenizer, train_tokenizer
 
 CORPORA = ("wikitext", "enwik8", "text8", "textdir", "jsonl", "task")
 BYTE_CORPORA = ("enwik8", "text8", "task")  # default tokenizer: bytes; the rest default to word
@@ -48,8 +53,6 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
     out = Path(out)
     tokenizer = _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_from)
     if corpus == "task":
-        from .tasks import resolve_options
-
         task_options = resolve_options(task, task_options)  # a bad option is refused before any folder is made
     _check_out(out, overwrite)
     made = _make_parents(out.parent)
@@ -145,9 +148,6 @@ def _install(tmp: Path, out: Path) -> None:
 
 def _prepare_corpus(tmp: Path, corpus: str, input_path, kind: str, vocab_size, shard_tokens: int, split_pages: bool,
                     workers: int, tokenizer_from, progress) -> dict:
-    from .corpora import read_corpus
-    from .tokenizers import load_tokenizer, train_tokenizer
-
     tok_dir = tmp / TOKENIZER_DIR
     if kind == "from":
         source = Path(tokenizer_from)
@@ -191,7 +191,6 @@ _worker_tokenizer = None
 
 def _worker_init(tok_dir: str) -> None:
     global _worker_tokenizer
-    from .tokenizers import load_tokenizer
 
     _worker_tokenizer = load_tokenizer(Path(tok_dir))
 
@@ -204,9 +203,6 @@ def _worker_encode(document):
 
 
 def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens: int, progress) -> dict:
-    from .tasks import resolve_options, task_documents
-    from .tokenizers import train_tokenizer
-
     options = resolve_options(task, task_options)
     tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
     lengths: dict[str, list[int]] = {split: [] for split in SPLITS}
@@ -230,8 +226,6 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
 def length_report(task: str, options: dict, lengths: dict[str, list[int]]) -> str:
     """The samples' achieved lengths per split (tokens of the bytes tokenizer, so bytes), beside the asked length
     and its tolerance where the task has one (the long-context tasks: data_pipeline/longctx.py)."""
-    from . import longctx
-
     rows = ", ".join(f"{split} {min(n)} / {np.median(n):g} / {max(n)}" for split, n in lengths.items() if n)
     asked = ""
     if task in longctx.LONGCTX_TASKS:
@@ -246,8 +240,6 @@ def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_to
            total: int | None = None) -> dict:
     """One split to shards, with progress (documents and tokens done; an ETA when `total` documents is known):
     a bar on a terminal, else a line every 15 s on stderr; progress=False shows nothing."""
-    from .progress import Meter, is_terminal
-
     start = time.perf_counter()
     meter = Meter(f"prepare {split}", total=total, unit="doc", enabled=progress is not False)
 

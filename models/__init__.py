@@ -21,7 +21,7 @@ def build_model(cfg: ModelConfig):
 
 def __getattr__(name: str):
     if name in ("ModelOutput", "map_memory"):
-        from . import output
+        from . import output  # on first use: keeps `import memlm.models` (and memlm --help) torch-free
 
         return getattr(output, name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")

@@ -103,13 +103,13 @@ def attend(
     """
     if kernel_mask is not None and record is None and not (dropatt.training and getattr(dropatt, "p", 0.0) > 0):
         if isinstance(kernel_mask, TritonMask):
-            from .attention_triton import rel_attend_triton
+            from .attention_triton import rel_attend_triton  # only when chosen: triton is an optional dependency
 
             layout = kernel_mask.layout
             return rel_attend_triton(q, k, v, r_k, bias_u, bias_v, None, None, layout.offset, layout.sign,
                                      need_lognorm, layout=kernel_mask.tiles)
         if not per_key_positions:
-            from .attention_flex import flex_attend
+            from .attention_flex import flex_attend  # only when chosen: loads torch.compile's FlexAttention
 
             return flex_attend(q, k, v, r_k, pos_index, kernel_mask, bias_u, bias_v, need_lognorm)
     B, Q, H, E = q.shape

@@ -97,10 +97,10 @@ class Backbone(nn.Module):
         if choice == "eager" or (choice == "auto" and layout.structure.device.type != "cuda"):
             return None
         if choice == "triton":
-            from .attention_triton import triton_layout
+            from .attention_triton import triton_layout  # only when chosen: triton is an optional dependency
 
             return TritonMask(layout, triton_layout(layout.structure, layout.key_valid))
-        from .attention_flex import flex_mask
+        from .attention_flex import flex_mask  # only when chosen: loads torch.compile's FlexAttention
 
         return flex_mask(layout.allowed, layout.key_valid.shape[0])
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .attention import attend
+from .registry import arch_spec
 
 
 class SegmentDecoder:
@@ -84,6 +85,4 @@ class SegmentDecoder:
 
 def make_decoder(model: torch.nn.Module) -> SegmentDecoder:
     """The incremental decoder the model's registry entry names."""
-    from .registry import arch_spec
-
     return arch_spec(model.cfg.arch).load("decoder")(model)
