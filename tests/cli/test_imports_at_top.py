@@ -1,0 +1,52 @@
+"""memlm's own imports stand at the module top, where a reader sees a module's wiring, in models/, data_pipeline/,
+cluster/ and memlm/ (trainer/ has the same rule in tests/trainer/test_import_direction.py). One inside a function
+says why on its line: it keeps `memlm --help` free of torch (or numpy, YAML), loads an optional dependency only
+when chosen, breaks a cycle, or keeps a process that never trains free of torch. Read from the source, no import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("models", "data_pipeline", "cluster", "memlm")
+
+
+def unexplained_imports(folder: Path) -> list[str]:
+    """'FOLDER/FILE:LINE' of each import of memlm's code (absolute `memlm.*` or relative) inside a function whose
+    line carries no comment."""
+    found = set()  # a set: the import of a nested function is walked under each enclosing one
+    for path in sorted(folder.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for function in ast.walk(ast.parse(text)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    own = node.level > 0 or (node.module or "").split(".")[0] == "memlm"
+                elif isinstance(node, ast.Import):
+                    own = any(alias.name.split(".")[0] == "memlm" for alias in node.names)
+                else:
+                    continue
+                if own and "#" not in lines[node.lineno - 1]:
+                    found.add((path.relative_to(folder.parent).as_posix(), node.lineno))
+    return [f"{file}:{line}" for file, line in sorted(found)]
+
+
+def test_memlms_imports_are_at_the_top_or_say_why():
+    hidden = [where for name in FOLDERS for where in unexplained_imports(ROOT / name)]
+    assert not hidden, ("imports of memlm's modules inside functions (move them to the top, or say why on the "
+                        "line):\n" + "\n".join(hidden))
+
+
+def test_an_unexplained_import_in_a_function_is_named(tmp_path):
+    folder = tmp_path / "cluster"
+    folder.mkdir()
+    (folder / "lazy.py").write_text(
+        "import json\nfrom memlm.trainer.runtime import heartbeat\n\n\n"
+        "def a():\n    import os\n    from memlm.trainer.loop.train import run\n\n\n"
+        "def b():\n    def inner():\n        from .ray_runtime import placement\n\n\n"
+        "def c():\n    from memlm.trainer.inference import analyze  # keeps --help torch-free\n\n\n"
+        "def d():\n    import memlm.models.output\n")
+    assert unexplained_imports(folder) == ["cluster/lazy.py:7", "cluster/lazy.py:12", "cluster/lazy.py:19"]
