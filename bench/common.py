@@ -1,12 +1,16 @@
 """What every script in bench/ shares: where the checkout and the results are, the environment of the commands a
 script starts, the figures most of them report (medians of paired ratios), and the one way a result JSON is written.
 
-A script runs from a checkout as `python bench/FOLDER/SCRIPT.py`, so Python puts only its own folder on sys.path.
-Its first lines put the checkout there, which is all it takes to import this module, `bench.*` and memlm (memlm's
-own __init__ finds the folders beside it):
+bench/ is the package `memlm.bench` of a checkout: memlm's own __init__ maps the folders beside it (memlm.models,
+..., memlm.bench), so a script imports it as it imports memlm, with no change to sys.path:
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.common, memlm
-    from bench.common import ROOT, RESULTS, write_result  # noqa: E402
+    from memlm.bench.common import ROOT, RESULTS, write_result
+
+and runs as `python bench/FOLDER/SCRIPT.py` or `python -m memlm.bench.FOLDER.SCRIPT`, wherever this checkout's memlm
+is importable: its environment (`pip install -e .`) or PYTHONPATH=CHECKOUT (the GPU machines; every command a script
+starts gets it from child_env below). Two scripts put the checkout on sys.path themselves, each saying why:
+bench_peers.py (a bare python3.11, then the peer venv, where memlm is not installed) and bench_fault_check.py (it
+imports the test suite's tests.support).
 
 Standard library only at import, as bench/interrupt.py (how a script stops in one line, used beside this module):
 bench_peers.py re-executes itself in the peer venv, where memlm's dependencies are absent.

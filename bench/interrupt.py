@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM end a benchmark or reproduction script with one line on stderr and the status a shell
 reports for them (130, 143), never a KeyboardInterrupt traceback.
 
-    from bench.interrupt import stop_in_one_line
+    from memlm.bench.interrupt import stop_in_one_line
     ...
     if __name__ == "__main__":
         sys.exit(stop_in_one_line(main))

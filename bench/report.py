@@ -15,10 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.*
-
-from bench.common import RESULTS, ROOT  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT
+from memlm.bench.interrupt import stop_in_one_line
 
 REPORT = ROOT / "bench" / "REPORT.md"
 REPRODUCE_ORDER = ("reproduce_wt2", "reproduce_extrapolate", "reproduce_rmt_tasks", "reproduce_tasks",
@@ -39,7 +37,7 @@ def machine_line(data: dict) -> str:
         parts = [f"{k} {m[k]}" for k in ("cpu", "cores", "python", "torch", "date") if k in m]
         return "; ".join(parts)
     # The benchmark's own keys win; the date (and torch, where a script does not record it) come from the
-    # provenance that bench.common.write_result adds.
+    # provenance that memlm.bench.common.write_result adds.
     fields = {**{k: v for k, v in data.get("provenance", {}).items() if k in ("torch", "date")}, **data}
     bits = [f"{k} {fields[k]}" for k in ("cpu", "device", "device_name", "torch", "nproc", "cpu_count", "date")
             if isinstance(fields.get(k), (str, int, float))]
@@ -147,7 +145,7 @@ def render_longctx(data: dict) -> list[str]:
 
 def render_longctx_segments(data: dict) -> list[str]:
     """bench/reproduce/longctx.py since issue 35: accuracy by segments from fact to question, with baselines."""
-    from bench.reproduce.longctx import markdown
+    from memlm.bench.reproduce.longctx import markdown
 
     spec = data["spec"]
     lines = [f"**What memory does on long-context tasks** (profile `{data['profile']}`, preset `{data['preset']}` "
@@ -200,7 +198,7 @@ def render() -> str:
         if not isinstance(data, dict):
             continue
         title = data.get("benchmark") or data.get("command") or path.stem
-        command = data.get("provenance", {}).get("command")  # JSON written through bench.common names its command
+        command = data.get("provenance", {}).get("command")  # JSON written through memlm.bench.common names its command
         out += [f"### `{path.name}`: {title}", "", *([f"Command: `{command}`  "] if command else []),
                 f"Machine: {machine_line(data)}  ", f"Load average: {load_line(data)}", ""]
         out += generic(data)

@@ -5,7 +5,8 @@ One namespace for the repository's top-level folders: `memlm.models` (models/), 
 presets), and this folder for the command line.
 An install maps each folder there (pyproject.toml's package-dir), so their generic names never clash with another
 project's. Run from a source checkout without installing (`PYTHONPATH=.`, as on the GPU machines), the folders
-beside this one are found the same way.
+beside this one are found the same way. In a checkout (not in a wheel) `memlm.bench` is bench/ too: the benchmarks
+and reproductions import each other through it, not through sys.path (bench/common.py).
 """
 
 from pathlib import Path as _Path

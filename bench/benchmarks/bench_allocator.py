@@ -20,12 +20,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 SETTINGS = ("system", "tuned")
 
@@ -34,7 +31,7 @@ def child(args) -> None:
     """One process: apply the setting, time every (arch, dtype), print one JSON line."""
     import torch
 
-    from bench.benchmarks.bench_models import Runner
+    from memlm.bench.benchmarks.bench_models import Runner
     from memlm.trainer.runtime.allocator import tune_allocator
 
     choice = tune_allocator()
@@ -106,7 +103,7 @@ def main() -> None:
         }
     import torch
 
-    from bench.benchmarks.bench_models import cpu_info
+    from memlm.bench.benchmarks.bench_models import cpu_info
 
     result = {
         "benchmark": "allocator",

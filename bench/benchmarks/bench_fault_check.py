@@ -34,10 +34,12 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads its OpenMP runtime
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm, tests.support
+# The checkout on sys.path here: this script imports the test suite's helpers, tests.support, which no install
+# provides (bench/common.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 # What --tests runs, under tests/: test_fuzz counts its examples per surface in FUZZ_COUNTS.
 RELIABILITY_TESTS = ("trainer/checkpoint/test_kill_matrix.py", "trainer/loop/test_numerical_faults.py",

@@ -25,10 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, child_env, load_average, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 CASES = {  # name: (hook environment, overrides, DEEPSPEED_TIMEOUT minutes)
     "exception": ({"MEMLM_TEST_KILL": "error:3:1"}, [], "2"),

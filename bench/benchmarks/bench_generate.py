@@ -31,12 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "tgt_len": 64, "vocab_size": 256,
          "dropout": 0.0, "dropatt": 0.0}

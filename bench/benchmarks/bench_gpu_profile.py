@@ -34,10 +34,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path.cwd() if (Path.cwd() / "memlm").is_dir() else Path(__file__).resolve().parents[2]  # run from the checkout
-sys.path.insert(0, str(ROOT))
-
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.interrupt import stop_in_one_line
 
 SHAPES = {"paper": dict(d_model=410, n_head=10, d_head=41, d_inner=2100),
           "aligned": dict(d_model=512, n_head=8, d_head=64, d_inner=2048),

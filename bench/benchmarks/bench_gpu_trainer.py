@@ -32,10 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, child_env, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, child_env, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 SIZES = {
     # The WikiText-103 base shape on WikiText-2's word vocabulary.

@@ -28,11 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.benchmarks.bench_trainer import prepare_corpus, run_overrides  # noqa: E402
-from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.benchmarks.bench_trainer import prepare_corpus, run_overrides
+from memlm.bench.common import RESULTS, ROOT, child_env, load_average, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 

@@ -58,11 +58,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.benchmarks.bench_trainer import prepare_corpus  # noqa: E402  (WikiText-2 with the 8k BPE: V below)
-from bench.common import RESULTS, ROOT, child_env, load_average, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.benchmarks.bench_trainer import prepare_corpus  # WikiText-2 with the 8k BPE (V below)
+from memlm.bench.common import RESULTS, ROOT, child_env, load_average, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 MiB = 2**20
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2"}  # 1 thread per process; a rank left waiting: 2 min

@@ -29,14 +29,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import build_model  # noqa: E402
-from memlm.models.config import ModelConfig  # noqa: E402
-from memlm.models.flops import flops_per_token  # noqa: E402
-from memlm.models.registry import arch_spec  # noqa: E402
+from memlm.bench.common import RESULTS, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.models import build_model
+from memlm.models.config import ModelConfig
+from memlm.models.flops import flops_per_token
+from memlm.models.registry import arch_spec
 
 # Dense tensor-core peaks (no sparsity), by device name, in FLOP/s: the vendors' datasheet figures (SXM parts;
 # the H100 PCIe is listed first because its name also contains "H100").

@@ -28,12 +28,10 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import ModelConfig, arch_spec, build_model  # noqa: E402
-from memlm.models.flops import flops_per_token, param_count  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.models import ModelConfig, arch_spec, build_model
+from memlm.models.flops import flops_per_token, param_count
 
 ARCHS = ("transformer", "txl", "lamemo", "rmt")
 TARGET_LAMEMO_TXL_RATIO = 1.25

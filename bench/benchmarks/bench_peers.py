@@ -55,11 +55,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
+# The checkout on sys.path here, not through an install: this script starts under a bare python3.11 and re-executes
+# itself in .bench-venv, where memlm is not installed (bench/common.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # Standard library only, both: this script starts outside the peer venv and re-executes itself inside it.
-from bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 VENV = ROOT / ".bench-venv"
 VENV_PY = VENV / "bin" / "python"
@@ -158,10 +160,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if not cuda:
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-    from bench.benchmarks.peers import PRECISIONS, RUNNERS, Shape, make_batches
+    from memlm.bench.benchmarks.peers import PRECISIONS, RUNNERS, Shape, make_batches
 
     KV_CACHE = {"memlm-rmt-xl": ("memlm-rmt-xl:kv-cache",)}  # the variant that caches as lucidrains' XL memories do
-    from bench.benchmarks.peers.matmul_floor import MatmulFloor
+    from memlm.bench.benchmarks.peers.matmul_floor import MatmulFloor
     from memlm.trainer.runtime.allocator import tune_allocator
 
     # memlm's processes keep their step memory mapped (trainer/runtime/allocator.py); in this one process every model,

@@ -17,11 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, WIKITEXT2, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.data_pipeline.prepare import prepare  # noqa: E402
+from memlm.bench.common import RESULTS, WIKITEXT2, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.data_pipeline.prepare import prepare
 
 
 def bare_read_and_split(folder: Path) -> int:

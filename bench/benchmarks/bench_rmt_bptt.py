@@ -21,17 +21,14 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import ModelConfig, build_model  # noqa: E402
-from memlm.trainer.loop.recurrence import make_recurrence  # noqa: E402
+from memlm.bench.common import RESULTS, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.models import ModelConfig, build_model
+from memlm.trainer.loop.recurrence import make_recurrence
 
 SHAPE = dict(arch="rmt", n_layer=4, n_head=4, d_head=64, d_model=256, d_inner=1024, vocab_size=8192, tgt_len=64,
              mem_len=0, num_mem_tokens=10, dropout=0.0)

@@ -31,13 +31,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, WIKITEXT2, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.data_pipeline.format import FORMAT_VERSION, MANIFEST  # noqa: E402
-from memlm.data_pipeline.shards import read_shard, write_split  # noqa: E402
-from memlm.data_pipeline.stream import LaneStream  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, WIKITEXT2, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.data_pipeline.format import FORMAT_VERSION, MANIFEST
+from memlm.data_pipeline.shards import read_shard, write_split
+from memlm.data_pipeline.stream import LaneStream
 
 TARGET_RATIO = 50.0
 VOCAB = 32_000

@@ -46,11 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.benchmarks.bench_trainer import BareLoop, collect_batches, prepare_corpus  # noqa: E402
-from bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.benchmarks.bench_trainer import BareLoop, collect_batches, prepare_corpus
+from memlm.bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, write_result
+from memlm.bench.interrupt import stop_in_one_line
 
 # Left out of every worker's environment (besides a launcher's): the thread and waiting choices are the settings'.
 DROPPED_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "LOCAL_SIZE")

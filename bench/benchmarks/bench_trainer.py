@@ -37,11 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio, write_result  # noqa: E402
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models.registry import arch_spec  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, WIKITEXT2, child_env, load_average, paired_ratio, write_result
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.models.registry import arch_spec
 
 
 def run_overrides(args, data: Path, arch: str, steps: int, **extra) -> dict:

@@ -24,13 +24,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path.cwd() if (Path.cwd() / "memlm").is_dir() else Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.interrupt import stop_in_one_line  # noqa: E402
-from memlm.models import attention_triton  # noqa: E402
-from memlm.models.attention import attend, causal_allowed, causal_index  # noqa: E402
-from memlm.models.lamemo import lookahead_layout  # noqa: E402
+from memlm.bench.interrupt import stop_in_one_line
+from memlm.models import attention_triton
+from memlm.models.attention import attend, causal_allowed, causal_index
+from memlm.models.lamemo import lookahead_layout
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

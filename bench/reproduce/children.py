@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.interrupt import Stopped
+from memlm.bench.interrupt import Stopped
 
 
 @dataclass

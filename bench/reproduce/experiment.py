@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterable
 
-from bench.common import RESULTS, ROOT, child_env
-from bench.interrupt import Stopped, stop_in_one_line
-from bench.reproduce.children import CHILDREN
-from bench.reproduce.progress import RUNS, report_every
+from memlm.bench.common import RESULTS, ROOT, child_env
+from memlm.bench.interrupt import Stopped, stop_in_one_line
+from memlm.bench.reproduce.children import CHILDREN
+from memlm.bench.reproduce.progress import RUNS, report_every
 
 FIGURES = RESULTS / "figures"  # plots the README and REPORT.md show (committed, unlike bench/results/*.png)
 MEMLM = [sys.executable, "-m", "memlm"]

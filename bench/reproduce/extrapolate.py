@@ -18,10 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, load_average, write_result  # noqa: E402
-from bench.reproduce.experiment import (  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, load_average, write_result
+from memlm.bench.reproduce.experiment import (
     FIGURES,
     ExperimentError,
     add_stop_options,

@@ -27,11 +27,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_result  # noqa: E402
-from bench.reproduce.children import CHILDREN  # noqa: E402
-from bench.reproduce.experiment import (  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_result
+from memlm.bench.reproduce.children import CHILDREN
+from memlm.bench.reproduce.experiment import (
     FIGURES,
     ExperimentError,
     add_stop_options,
@@ -45,7 +43,7 @@ from bench.reproduce.experiment import (  # noqa: E402
     shown,
     supervise,
 )
-from bench.reproduce.progress import RUNS  # noqa: E402
+from memlm.bench.reproduce.progress import RUNS
 
 PRESET = ROOT / "configs" / "reproduce" / "longctx.yaml"
 # arch -> its memory keys on top of the preset (N = M = 128: Transformer-XL and LaMemo cache one segment; RMT and

@@ -23,9 +23,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.interrupt import stop_in_one_line  # noqa: E402
+from memlm.bench.interrupt import stop_in_one_line
 
 
 def load_model(run_dir: Path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bench.reproduce.children import CHILDREN
+from memlm.bench.reproduce.children import CHILDREN
 
 _PRINTING = threading.Lock()
 

@@ -48,10 +48,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, load_average, write_json, write_result  # noqa: E402
-from bench.reproduce.experiment import (  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, load_average, write_json, write_result
+from memlm.bench.reproduce.experiment import (
     FIGURES,
     ExperimentError,
     add_stop_options,
@@ -64,8 +62,8 @@ from bench.reproduce.experiment import (  # noqa: E402
     shown,
     supervise,
 )
-from bench.reproduce.progress import RUNS  # noqa: E402
-from bench.reproduce.rmt_tasks_authors import summary  # noqa: E402
+from memlm.bench.reproduce.progress import RUNS
+from memlm.bench.reproduce.rmt_tasks_authors import summary
 
 PRESETS = ROOT / "configs" / "reproduce"
 DIGITS = "0123456789"
@@ -213,7 +211,7 @@ def plot(rows: list[dict], path: Path, profile: str) -> Path:
 
 
 def small(args) -> int:
-    from bench.reproduce import tasks_small
+    from memlm.bench.reproduce import tasks_small
 
     argv = ["--profile", "cpu", "--progress-every", str(args.progress_every), "--grace", str(args.grace)]
     for flag, value in (("--work", args.work), ("--jobs", args.jobs), ("--tasks", args.tasks), ("--out", args.out)):

@@ -34,10 +34,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.*, memlm
-
-from bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_json, write_result  # noqa: E402
-from bench.reproduce.experiment import (  # noqa: E402
+from memlm.bench.common import RESULTS, ROOT, WIKITEXT2, load_average, write_json, write_result
+from memlm.bench.reproduce.experiment import (
     FIGURES,
     ExperimentError,
     add_stop_options,
@@ -52,7 +50,7 @@ from bench.reproduce.experiment import (  # noqa: E402
     shown,
     supervise,
 )
-from bench.reproduce.progress import RUNS  # noqa: E402
+from memlm.bench.reproduce.progress import RUNS
 
 PRESET = ROOT / "configs" / "reproduce" / "wikitext2.yaml"
 # name -> (label, overrides on top of the preset)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.common import child_env, paired_ratio, write_result
+from memlm.bench.common import child_env, paired_ratio, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,4 +55,35 @@ def test_no_script_keeps_its_own_copy_of_the_shared_set_up():
         found = [what for what in ("ROOT = Path(__file__)", "os.getloadavg(") if what in text]
         if found:
             copies[str(path.relative_to(ROOT))] = found
-    assert not copies, f"use bench.common's ROOT and load_average() instead: {copies}"
+    assert not copies, f"use memlm.bench.common's ROOT and load_average() instead: {copies}"
+
+
+# The scripts that put the checkout on sys.path themselves, and why (bench/common.py): every other one imports
+# memlm.bench as it imports memlm.
+OWN_SYS_PATH = {"bench/benchmarks/bench_peers.py": "starts under a bare python3.11, then in the peer venv",
+                "bench/benchmarks/bench_fault_check.py": "imports the test suite's tests.support"}
+
+
+def test_bench_is_the_package_memlm_bench_and_no_script_edits_sys_path():
+    edits, top_level = [], []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        text = path.read_text()
+        if "sys.path.insert(" in text or "sys.path.append(" in text:
+            edits.append(where)
+        top_level += [f"{where}: {line.strip()}" for line in text.splitlines()
+                      if re.match(r"\s*(from|import) bench[. ]", line)]
+    assert sorted(edits) == sorted(OWN_SYS_PATH), f"import memlm.bench.* instead of editing sys.path: {edits}"
+    assert not top_level, "import bench's modules as memlm.bench.* (one module, one name):\n" + "\n".join(top_level)
+    assert (ROOT / "bench" / "__init__.py").is_file()
+
+
+def test_a_bench_script_runs_by_path_from_another_folder(tmp_path):
+    """`python bench/...py` puts only the script's folder on sys.path, and no PYTHONPATH names the checkout here:
+    memlm.bench comes from the installed memlm (this checkout's: `pip install -e .`); a top-level bench from nowhere."""
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: report.py"), proc.stderr

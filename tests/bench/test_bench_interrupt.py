@@ -55,15 +55,14 @@ def test_every_bench_script_stops_through_the_shared_helper():
                  and isinstance(node.func, ast.Name)} if guard else set()
         if not calls & {"stop_in_one_line", "run_experiment"}:
             bare.append(str(path.relative_to(ROOT)))
-    assert not bare, (f"{bare}: import stop_in_one_line from bench.interrupt and end with "
+    assert not bare, (f"{bare}: import stop_in_one_line from memlm.bench.interrupt and end with "
                       "`sys.exit(stop_in_one_line(main))` in the __main__ block")
 
 
 STUBBORN_DRIVER = '''
 import subprocess, sys
-sys.path.insert(0, {root!r})
-from bench.reproduce.children import CHILDREN
-from bench.reproduce.experiment import run_experiment
+from memlm.bench.reproduce.children import CHILDREN
+from memlm.bench.reproduce.experiment import run_experiment
 
 # A child that ignores Ctrl-C, with a grandchild in a process group of its own (as Ray's processes are) doing the
 # same: only the SIGKILL after the grace period, to the whole session, ends them.
@@ -86,7 +85,7 @@ def test_a_child_that_ignores_ctrl_c_is_killed_after_the_grace_period(tmp_path):
     import psutil
 
     driver = tmp_path / "driver.py"
-    driver.write_text(STUBBORN_DRIVER.format(root=str(ROOT)))
+    driver.write_text(STUBBORN_DRIVER.format())
     proc = subprocess.Popen([sys.executable, str(driver)], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     script = psutil.Process(proc.pid)

@@ -19,7 +19,7 @@ def as_samples(texts: list[str]) -> list[tuple[np.ndarray, int]]:
 
 
 def test_the_question_sits_in_one_place_whatever_the_answer():
-    from bench.reproduce.longctx import question_place_known
+    from memlm.bench.reproduce.longctx import question_place_known
     from memlm.data_pipeline.tasks import generate, resolve_options
 
     options = resolve_options("qa1", {"length": 256, "facts": 2, "background": str(WIKITEXT2), "docs": "1,1,300"})
@@ -35,7 +35,7 @@ def test_the_question_sits_in_one_place_whatever_the_answer():
 def test_exact_sample_lengths_would_give_the_answer_away():
     """The rule, on samples laid out as before the fix (each exactly 256 bytes): where the question ends tells the
     answer's length, and the best answer for each place scores more than a guess among the places that long."""
-    from bench.reproduce.longctx import question_place_known
+    from memlm.bench.reproduce.longctx import question_place_known
 
     rng = np.random.default_rng(0)
     places = ("bathroom", "hallway", "garden", "office", "kitchen", "bedroom", "cellar", "park")

@@ -245,7 +245,7 @@ def test_longctx_smoke(tmp_path):
 def test_rmt_tasks_models(arch, expected):
     """What each of the four models of rmt_tasks.py trains with at 3 segments of 24, read back from the config
     `memlm train` would load: cache, memory tokens, micro-batches per step, BPTT depth and mode."""
-    from bench.reproduce.rmt_tasks import PRESETS, TASKS, arch_overrides, segment_len
+    from memlm.bench.reproduce.rmt_tasks import PRESETS, TASKS, arch_overrides, segment_len
     from memlm.trainer.config.run_config import load_config
 
     n = segment_len("copy", 3)
@@ -278,7 +278,7 @@ def test_tasks_small_smoke(tmp_path):
 
 def test_progress_line_reads_the_step_and_rate_of_a_training(tmp_path):
     """The ETA comes from the run's metrics.jsonl: steps between two rows over the time between their writes."""
-    from bench.reproduce.children import Child
+    from memlm.bench.reproduce.children import Child
 
     metrics = tmp_path / "metrics.jsonl"
     child = Child("txl-s1", "train", proc=None, run_dir=tmp_path, steps=100, started=1000.0)

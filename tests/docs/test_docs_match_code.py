@@ -303,8 +303,8 @@ def script_options(script: Path) -> tuple[set[str], dict[str, list[str]]]:
     tree = ast.parse(script.read_text(encoding="utf-8"))
     trees = [tree]
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench."):
-            module = ROOT / (node.module.replace(".", "/") + ".py")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("memlm.bench."):
+            module = ROOT / (node.module.removeprefix("memlm.").replace(".", "/") + ".py")
             if module.is_file():
                 trees.append(ast.parse(module.read_text(encoding="utf-8")))
     strings = {node.value for t in trees for node in ast.walk(t)
