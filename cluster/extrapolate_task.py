@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from memlm.trainer.inference.evaluate import evaluate_run
-from memlm.trainer.runtime.faults import hold_point
+from memlm.trainer.runtime import faults
 from memlm.trainer.runtime.process import prepare_process
 
 from .ray_runtime import clear_launch_env, placement
@@ -42,7 +42,7 @@ def evaluate_task(run_dir: str, split: str, tgt_len: int, mem_len: int, lanes: i
 
     prepare_process(cpus=max(1, math.ceil(threads)), who="extrapolate task")
 
-    hold_point("extrapolate", mem_len)  # the tests' MEMLM_TEST_HOLD: lose a node while this task runs there
+    faults.at("extrapolate", mem_len=mem_len)  # the tests' MEMLM_TEST_HOLD: lose a node while this task runs there
     start = time.perf_counter()
     # track=False: the driver logs every result to MLflow in one batch per run; parallel tasks writing to the
     # training runs' (often SQLite) store would only contend for its lock.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from memlm.trainer.config.run_config import config_from_dict
-from memlm.trainer.runtime.faults import HOLD_HOOK, hold_point
+from memlm.trainer.runtime import faults
 from memlm.trainer.runtime.process import prepare_process
 from memlm.trainer.tracking.client import open_client
 
@@ -115,11 +115,11 @@ def trial_nodes(run_dir: Path) -> list[str]:
 def _held(reporter: TuneReporter) -> Callable[[dict], None]:
     """The reporter, behind the tests' MEMLM_TEST_HOLD point "trial" (trainer/runtime/faults.py): a test holds
     a trial at a step after its first checkpoint, to lose the node under it. Unset, it is the reporter."""
-    if not os.environ.get(HOLD_HOOK):
+    if not faults.holding("trial"):
         return reporter
 
     def report(row: dict) -> None:
-        hold_point("trial", int(row.get("step", -1)))
+        faults.at("trial", step=int(row.get("step", -1)))
         reporter(row)
 
     return report

@@ -69,8 +69,8 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
     distributed.barrier()
     try:
         engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, save_latest=False)
-        faults.kill_point("engine-saved", step, rank)
-        faults.kill_point("enospc", step, rank)
+        faults.at("engine-saved", step=step, rank=rank)
+        faults.at("enospc", step=step, rank=rank)
         torch.save(rank_state, ckpt_dir / tmp_tag / f"rank{rank}.pt")
         if rank == 0:
             (ckpt_dir / tmp_tag / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -91,17 +91,16 @@ def save(engine, ckpt_dir: Path, step: int, rank: int, pieces: Mapping[str, Stat
             + (f"the previous checkpoint {ckpt_dir / previous} is intact and `latest` names it: free space, then "
                "rerun with --resume" if previous else "no earlier checkpoint exists: free space and start again")
         ) from None
-    faults.kill_point("rank-saved", step, rank)
-    faults.sleep_point(step)
+    faults.at("rank-saved", step=step, rank=rank)  # also where MEMLM_TEST_SLEEP_IN_SAVE sleeps
     distributed.barrier()  # every rank's files are on disk before the checkpoint becomes visible
     if rank == 0:
         final = ckpt_dir / tag
         if final.exists():  # the same step saved again (e.g. the end of a resumed run that saved there)
             shutil.rmtree(final)
         os.replace(ckpt_dir / tmp_tag, final)
-        faults.kill_point("renamed", step, rank)
+        faults.at("renamed", step=step, rank=rank)
         _write_latest(ckpt_dir, tag)
-        faults.kill_point("latest", step, rank)
+        faults.at("latest", step=step, rank=rank)
         _prune(ckpt_dir, keep_last, step)
     distributed.barrier()
     return tag

@@ -311,7 +311,7 @@ class Trainer:
 
         engine, device = self.engine, self.device
         lr = engine.get_lr()[0]  # the rate this step uses (the scheduler advances inside engine.step)
-        faults.kill_point("error", self.step + 1, self.rank)  # test hook: a bug on one rank
+        faults.at("error", step=self.step + 1, rank=self.rank)  # test hook: a bug on one rank
         self.poison.param(self.step + 1, engine.module)
         nll, count, inputs = [], 0, 0
         bad_loss = torch.zeros((), dtype=torch.bool, device=device)
@@ -320,7 +320,7 @@ class Trainer:
             batch = self.recurrence.step(engine, lambda: next(self.stream))
             loss = self.poison.loss(self.step + 1, micro, batch.loss)
             engine.backward(loss)
-            faults.kill_point("step", self.step + 1, self.rank)  # test hook: a preemption mid-step
+            faults.at("step", step=self.step + 1, rank=self.rank)  # test hook: a preemption mid-step
             bad_loss |= ~torch.isfinite(loss.detach())  # stays on the device: no sync per micro-batch
             nll.append(batch.nll)
             count, inputs = count + batch.count, inputs + batch.inputs
@@ -336,7 +336,7 @@ class Trainer:
                 engine.step()
             self.recurrence.advance()
             if micro < self.cfg.train.grad_accum - 1:  # test hook: a preemption between micro-batches
-                faults.kill_point("micro", self.step + 1, self.rank)
+                faults.at("micro", step=self.step + 1, rank=self.rank)
         ds_skipped = engine.skipped_steps > ds_skipped_before
         if skip and not ds_skipped:  # the skip is the whole point: never let it pass silently
             raise RuntimeError(f"DeepSpeed applied step {self.step + 1}, which memlm asked it to skip "
@@ -556,7 +556,7 @@ class Trainer:
                               device=self.device, max_batches=self.cfg.train.eval_batches,
                               continuous=self.cfg.data.continuous)
             self.engine.train()
-        faults.kill_point("validation", self.step, self.rank)  # test hook: before the pass is recorded
+        faults.at("validation", step=self.step, rank=self.rank)  # test hook: before the pass is recorded
         if self.rank == 0:
             eval_json = self.run_dir / "eval" / f"step{self.step}.json"
             eval_json.write_text(json.dumps({**result, "step": self.step}) + "\n")
