@@ -14,9 +14,12 @@ from typing import Any
 
 from torch import Tensor
 
+from memlm.errors import MemlmError
 
-class RecurrenceStateError(ValueError):
-    """A checkpoint's recurrent state that this run's schedule cannot continue; the message says how."""
+
+class RecurrenceStateError(MemlmError, ValueError):
+    """A checkpoint's recurrent state that this run's schedule cannot continue; the message says how (the command
+    line prints it as one line, as every MemlmError)."""
 
 
 def plain_state(state: Any) -> Any:
