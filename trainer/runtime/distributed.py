@@ -144,11 +144,14 @@ def remove_shm_buffer(rank: int) -> None:
 def shutdown() -> None:
     """End a multi-process run's default process group before the interpreter exits. Left to finalisation, gloo's
     worker threads can still hold tensors while Python tears down, and a rank dies with SIGABRT ("terminate called
-    without an active exception") after a finished run (seen once in CI at the end of a 2-rank ZeRO-3 run). Only
-    for world size > 1: a single process keeps its group for further in-process runs (tests, sweeps)."""
+    without an active exception") after a finished run (seen twice in CI at the end of a 2-rank ZeRO-3 run, the
+    second time with this teardown but no barrier before it: rank 1 tore its group down while rank 0 was still
+    finishing its save). A barrier first, as evaluation_group does, so no rank closes gloo while another still talks
+    to it. Only for world size > 1: a single process keeps its group for further in-process runs (tests, sweeps)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
         dist.destroy_process_group()
 
 
