@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support.import_scan import unexplained_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # What each package of trainer/ may import of the others.
@@ -68,29 +70,8 @@ def back_edges(trainer: Path) -> list[str]:
     return wrong
 
 
-def imports_in_functions(trainer: Path) -> list[str]:
-    """'FILE:LINE' of every import of memlm's own code inside a function whose line says nothing of why (memlm's
-    imports go at the module top unless they keep `memlm --help` free of torch, and then a comment says so)."""
-    def memlm_module(name: str | None) -> bool:
-        return (name or "").split(".")[0] == "memlm"
-
-    found = set()  # a set: a nested function's import is walked twice
-    for path in sorted(trainer.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        for function in ast.walk(ast.parse(text)):
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(function):
-                own = (isinstance(node, ast.ImportFrom) and (node.level > 0 or memlm_module(node.module))) or \
-                    (isinstance(node, ast.Import) and any(memlm_module(a.name) for a in node.names))
-                if own and "#" not in lines[node.lineno - 1]:
-                    found.add((str(path.relative_to(trainer.parent)), node.lineno))
-    return [f"{file}:{line}" for file, line in sorted(found)]
-
-
 def test_trainer_imports_its_own_modules_at_the_top():
-    hidden = imports_in_functions(ROOT / "trainer")
+    hidden = unexplained_imports(ROOT / "trainer")
     assert not hidden, "memlm imports inside functions (move them to the top, or say why on the line):\n" + \
         "\n".join(hidden)
 
@@ -131,4 +112,4 @@ def test_an_import_inside_a_function_is_named_unless_it_says_why(tmp_path):
         "def a():\n    import json\n    from memlm.trainer.checkpoint import store\n\n\n"
         "def b():\n    def inner():\n        from .train import run\n\n\n"
         "def c():\n    from memlm.models.config import ConfigError  # keeps `memlm --help` free of torch\n")
-    assert imports_in_functions(trainer) == ["trainer/loop/lazy.py:7", "trainer/loop/lazy.py:12"]
+    assert unexplained_imports(trainer) == ["trainer/loop/lazy.py:7", "trainer/loop/lazy.py:12"]
