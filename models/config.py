@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from memlm.errors import MemlmError
 
@@ -133,6 +134,23 @@ class ModelConfig:
     # The value projection W_v's initial std; 0 = zeros, the authors' (they start from a pretrained backbone, which
     # a zero W_v leaves unchanged until it learns)
     assoc_value_init_std: float = 0.0
+    # Pretrained backbones (archs hf, hf_rmt, hf_armt; models/pretrained/): a Hugging Face causal LM is the layers,
+    # its own embedding, positions and head included. Exactly one of: `backbone`, a local folder as
+    # save_pretrained writes it (config.json and safetensors weights), or `backbone_config`, a transformers config
+    # inline (its model_type and keys; random init: from scratch, and the tests). The backbone's widths are its own:
+    # the shared width keys above stay at their defaults for these archs.
+    backbone: str = ""
+    backbone_config: dict[str, Any] = field(default_factory=dict)
+    # What training updates besides the memory (always trained): "full" every backbone weight, "frozen" none,
+    # "lora" low-rank adapters (peft) on lora_targets (empty = the family's attention projections)
+    backbone_train: str = "full"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=list)
+    # Recompute each segment's backbone forward in the backward instead of keeping its activations
+    # (torch.utils.checkpoint): a BPTT window of k segments then holds k segments' inputs, not their activations
+    segment_checkpointing: bool = False
 
     def bptt_choice(self, name: str) -> str:
         """The value of one of BPTT_CHOICES: the option's own, else its bptt_recipe's."""

@@ -145,8 +145,15 @@ def flops_per_token(
     (their sum) and `macs` (total / 2).
     """
     cfg.validate()
-    fractions = _cluster_fractions(cfg, tail_fractions)
     N = cfg.tgt_len
+    spec = arch_spec(cfg.arch)
+    if spec.flops:  # a backbone not memlm's counts itself (its registry entry)
+        seg = spec.load("flops")(cfg, batch_size)
+        out = {k: v / N for k, v in seg.items()}
+        out["total"] = sum(out.values())
+        out["macs"] = out["total"] / 2
+        return out
+    fractions = _cluster_fractions(cfg, tail_fractions)
     seg = dict(embedding=0.0, attn_proj=0.0, pos_proj=0.0, attn_content=0.0, attn_position=0.0,
                attn_context=0.0, ffn=0.0, head=0.0)
     head_row = head_row_flops(cfg, fractions, full_softmax)
@@ -178,6 +185,8 @@ def paper_convention_macs(cfg: ModelConfig) -> float:
 def param_count(cfg: ModelConfig) -> int:
     """Number of distinct parameters (tied tensors counted once) of build_model(cfg), computed from cfg alone."""
     cfg.validate()
+    if arch_spec(cfg.arch).params:  # a backbone not memlm's counts itself (its registry entry)
+        return arch_spec(cfg.arch).load("params")(cfg)
     D, A, F_, L, H, E = cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner, cfg.n_layer, cfg.n_head, cfg.d_head
     clusters = softmax_clusters(cfg)
     n_tables = 1 if cfg.div_val == 1 else len(clusters)

@@ -45,6 +45,11 @@ class ArchSpec:
     # "module:function"(cfg) raising ConfigError: the arch's own config checks, after the shared ones (torch-free;
     # models/arch_checks.py): its options' values, and the combinations it would run only by a rule of its own
     checks: str = ""
+    # An arch whose layers are not memlm's (a pretrained backbone's): "module:function"(cfg, batch_size) -> one lane's
+    # segment FLOPs by component, the embedding and head included, and "module:function"(cfg) -> every parameter.
+    # They replace flops.py's shared count (and layer_flops / extra_params are left empty)
+    flops: str = ""
+    params: str = ""
 
     def load(self, what: str) -> Any:
         """The object one of this entry's "module:attribute" fields names."""
@@ -55,6 +60,15 @@ class ArchSpec:
 RMT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss", "aux_loss_weight", "aux_token_id",
                "read_mem_from_cache", "write_mem_from_cache", "cache_memory_rows", "cache_keys_values", "bptt_recipe",
                "bptt_start_memory", "bptt_new_segment_cache", "memory_init_grad", "bptt_replay_reduction")
+
+# The pretrained-backbone archs' own keys (models/pretrained/)
+PRETRAINED_OPTIONS = ("backbone", "backbone_config", "backbone_train", "lora_rank", "lora_alpha", "lora_dropout",
+                      "lora_targets", "segment_checkpointing")
+PRETRAINED_BPTT_OPTIONS = ("num_mem_tokens", "bptt_depth", "bptt_mode", "bptt_replay_loss")
+# A tiny random GPT-2 (transformers' config inline): what the generic tests build the pretrained archs with
+TINY_GPT2 = (("backbone_config", {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 64,
+                                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+             ("mem_len", 0))
 
 ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
     ArchSpec("transformer", "Transformer + relative positions, no memory: every segment alone (the baseline)",
@@ -102,6 +116,33 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              memory_tokens="num_mem_tokens", recurrence="memory_bptt", decoder="memlm.models.armt:ARMTDecoder",
              test_settings=(("num_mem_tokens", 2), ("assoc_dim", 4), ("assoc_value_init_std", 0.1)),
              checks="memlm.models.arch_checks:armt"),
+    ArchSpec("hf", "A pretrained Hugging Face causal LM (GPT-2, Llama, ...) alone: every segment read by itself "
+             "(the baseline of hf_rmt and hf_armt)",
+             model="memlm.models.pretrained.causal_lm:PretrainedLM", mem_len="zero", has_memory=False,
+             options=PRETRAINED_OPTIONS, flops="memlm.models.pretrained.counts:hf_flops",
+             decoder="memlm.models.pretrained.causal_lm:PretrainedDecoder",
+             params="memlm.models.pretrained.counts:hf_params", test_settings=TINY_GPT2,
+             checks="memlm.models.pretrained.checks:backbone"),
+    ArchSpec("hf_rmt", "RMT around a pretrained causal LM (Bulatov et al., 2023): memory embeddings read at the "
+             "start and written at the end of each segment, as the authors run GPT-2",
+             model="memlm.models.pretrained.rmt:PretrainedRMT", mem_len="zero",
+             options=PRETRAINED_OPTIONS + PRETRAINED_BPTT_OPTIONS + ("bptt_recipe", "bptt_start_memory",
+                                                                     "memory_init_grad", "bptt_replay_reduction"),
+             flops="memlm.models.pretrained.counts:hf_rmt_flops",
+             decoder="memlm.models.pretrained.causal_lm:PretrainedDecoder",
+             params="memlm.models.pretrained.counts:hf_rmt_params", memory_tokens="num_mem_tokens",
+             recurrence="memory_bptt", test_settings=TINY_GPT2 + (("num_mem_tokens", 2),),
+             checks="memlm.models.pretrained.checks:hf_rmt"),
+    ArchSpec("hf_armt", "ARMT around a pretrained causal LM (Rodkin et al., 2024): an associative read and delta-rule "
+             "write wrapped around each decoder layer",
+             model="memlm.models.pretrained.armt:PretrainedARMT", mem_len="zero",
+             options=PRETRAINED_OPTIONS + PRETRAINED_BPTT_OPTIONS + ("assoc_dim", "assoc_value_init_std"),
+             flops="memlm.models.pretrained.counts:hf_armt_flops",
+             decoder="memlm.models.pretrained.causal_lm:PretrainedDecoder",
+             params="memlm.models.pretrained.counts:hf_armt_params", memory_tokens="num_mem_tokens",
+             recurrence="memory_bptt",
+             test_settings=TINY_GPT2 + (("num_mem_tokens", 2), ("assoc_dim", 4), ("assoc_value_init_std", 0.1)),
+             checks="memlm.models.pretrained.checks:hf_armt"),
 )}
 
 ARCHS = tuple(ARCHITECTURES)

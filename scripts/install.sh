@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test,cluster]"
+.venv/bin/python -m pip install -q -e ".[test,cluster,pretrained]"
 # memlm, torchrun, deepspeed, mlflow and ray are in .venv/bin: the README's commands expect them on the PATH.
 case ":${PATH}:" in
   *":$PWD/.venv/bin:"*) ;;

@@ -2,7 +2,9 @@
 
 Nothing here knows memlm's sections. Give `build` a dataclass type and a mapping and get back an instance whose
 every value has its annotated type, or one ConfigError that names the full dotted key. Supported annotations:
-int, float (ints accepted), bool, str, list[X], Optional[X] / X | None and nested dataclasses; a field may also be
+int, float (ints accepted), bool, str, list[X], dict[str, Any] (a free mapping, e.g. a Hugging Face model's config
+given inline: its keys are the other library's, checked there), Optional[X] / X | None and nested dataclasses; a field
+may also be
 limited to a fixed set of strings through the `choices` table (dotted key -> allowed values).
 """
 
@@ -52,6 +54,8 @@ def convert(tp: Any, value: Any, dotted: str, choices: Choices, *, declared: Any
     `declared` is the annotation to name in a type error (Optional[int] when `tp` is its int).
     """
     declared = declared or tp
+    if tp is Any:  # a value inside a free mapping (dict[str, Any]): checked by whatever reads the mapping
+        return copy.deepcopy(value)
     if dataclasses.is_dataclass(tp):
         return build(tp, value, prefix=dotted, choices=choices)
     inner = optional_inner(tp)
@@ -62,6 +66,10 @@ def convert(tp: Any, value: Any, dotted: str, choices: Choices, *, declared: Any
             raise _type_error(dotted, declared, value)
         (item_tp,) = typing.get_args(tp)
         return [convert(item_tp, v, f"{dotted}[{i}]", choices) for i, v in enumerate(value)]
+    if typing.get_origin(tp) is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise _type_error(dotted, declared, value)
+        return copy.deepcopy(dict(value))
     if tp is bool:
         if not isinstance(value, bool):
             raise _type_error(dotted, declared, value)
@@ -107,7 +115,7 @@ def type_name(tp: Any) -> str:
         return f"{type_name(inner)} or null"
     if typing.get_origin(tp) is list:
         return f"a list of {type_name(typing.get_args(tp)[0])}"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict:
         return "a mapping of keys"
     return {bool: "bool (true/false)", int: "int", float: "float", str: "str"}.get(tp, repr(tp))
 
@@ -137,6 +145,9 @@ def key_type(cls: type, dotted: str) -> Any:
     tp: Any = cls
     prefix = ""
     for part in dotted.split("."):
+        if tp is Any or typing.get_origin(tp) is dict:  # a key inside a free mapping: any YAML value
+            tp, prefix = Any, join(prefix, part)
+            continue
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"'{prefix}' is a single value, not a section: there is no key '{dotted}'")
         hints = field_types(tp)

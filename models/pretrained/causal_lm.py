@@ -1,0 +1,157 @@
+"""The pretrained-backbone archs' shared module, and `hf`, the backbone alone (every segment read by itself).
+
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q rows a segment's forward runs
+([read R | tokens N | write R] for RMT), D model width, V vocabulary.
+
+The backbone is a transformers *ForCausalLM (loading.py): its own embedding, positions (learned for GPT-2, rotary for
+Llama: a segment's rows take positions 0..Q-1, as the RMT and ARMT authors run it), layers, final norm and head.
+memlm feeds it input embeddings and reads the final hidden states (after the final norm, transformers'
+last_hidden_state); the head scores the N token rows only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..output import ModelOutput, cut, map_memory
+from .loading import apply_backbone_train, load_causal_lm
+
+
+@dataclass
+class NoMemory:
+    fresh: Tensor  # [B] bool, kept so the state has the lanes first like every state (nothing reads it)
+
+    @property
+    def key_valid(self) -> Tensor:
+        """[B, 0]: no cached keys (the memory interface)."""
+        return self.fresh.new_zeros(self.fresh.shape[0], 0)
+
+    def detached(self) -> "NoMemory":
+        return map_memory(cut, self)
+
+
+class PretrainedCausalLM(nn.Module):
+    """A transformers causal LM behind memlm's model contract; the memory archs build on it (rmt.py, armt.py)."""
+
+    recorder = None  # memlm analyze's attention statistics: not recorded inside a transformers model
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.lm = apply_backbone_train(cfg, load_causal_lm(cfg))
+        self.lm.train()  # nn.Module's default (from_pretrained leaves eval mode): the trainer switches it
+
+    @property
+    def decoder(self) -> nn.Module:
+        """The transformers base model (GPT2Model, LlamaModel): embeddings in, last_hidden_state out."""
+        return self.lm.get_decoder() if hasattr(self.lm, "get_decoder") else self.lm.base_model
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens [B, N] -> the backbone's input embeddings [B, N, D]."""
+        return self.lm.get_input_embeddings()(tokens)
+
+    def embedding_std(self) -> float:
+        """The std of the backbone's embedding table: the RMT authors' scale for the initial memory."""
+        return float(self.lm.get_input_embeddings().weight.detach().float().std())
+
+    def hidden_states(self, rows: Tensor) -> Tensor:
+        """rows [B, Q, D] input embeddings -> final hidden states [B, Q, D] (after the final norm)."""
+        return self.run_segment(self.run_decoder, rows)
+
+    def run_decoder(self, rows: Tensor) -> Tensor:
+        return self.decoder(inputs_embeds=rows, use_cache=False).last_hidden_state
+
+    def run_segment(self, fn, *tensors: Tensor):
+        """fn(*tensors), a segment's pass through the backbone; with model.segment_checkpointing in training, its
+        activations are recomputed in the backward instead of kept (fn must take all it reads as arguments)."""
+        if self.cfg.segment_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *tensors, use_reentrant=False)
+        return fn(*tensors)
+
+    def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool) -> tuple:
+        """hidden [B, N, D] -> (nll [B, N] or None, log-probabilities [B, N, V] or None), in float32 at least."""
+        logits = self.lm.get_output_embeddings()(hidden)  # [B, N, V]
+        logp = F.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
+        nll = None
+        if targets is not None:
+            nll = F.nll_loss(logp.transpose(1, 2), targets, ignore_index=-100, reduction="none")  # [B, N]
+        return nll, (logp if return_logits else None)
+
+    def compile_layers(self, **options) -> None:
+        """train.compile_scope: layer: each decoder layer compiled (the transformers layers are the layers here)."""
+        for layer in self.decoder_layers():
+            layer.compile(**options)
+
+    def prefix_rows(self, memory) -> Tensor | None:
+        """The rows a segment's forward runs before its tokens [B, P, D] (RMT's read memory); None: none."""
+        return None
+
+    def reading(self, memory):
+        """A context in which the backbone reads `memory` from inside its layers (ARMT's associative state)."""
+        return contextlib.nullcontext()
+
+    def decoder_layers(self) -> nn.ModuleList:
+        """The backbone's decoder layers in order (GPT2Model.h, LlamaModel.layers)."""
+        n_layer = self.lm.config.num_hidden_layers
+        for module in self.decoder.children():
+            if isinstance(module, nn.ModuleList) and len(module) == n_layer:
+                return module
+        raise TypeError(f"{type(self.decoder).__name__}: no ModuleList of its {n_layer} layers")
+
+
+class PretrainedLM(PretrainedCausalLM):
+    """`hf`: the backbone alone, each segment read by itself (the no-memory baseline beside hf_rmt and hf_armt)."""
+
+    def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> NoMemory:
+        return NoMemory(fresh=torch.ones(batch_size, dtype=torch.bool, device=device))
+
+    def forward(
+        self,
+        tokens: Tensor,  # [B, N]
+        memory: NoMemory,
+        reset: Tensor | None = None,  # [B] bool: nothing to reset
+        targets: Tensor | None = None,  # [B, N], -100 = ignore
+        return_logits: bool = False,
+        tail_plan=None,  # the adaptive softmax's; a transformers head has none
+    ) -> ModelOutput:
+        hidden = self.hidden_states(self.embed(tokens))  # [B, N, D]
+        nll, logits = self.predict(hidden, targets, return_logits)
+        return ModelOutput(nll=nll, logits=logits, memory=NoMemory(fresh=torch.zeros_like(memory.fresh)))
+
+
+class PretrainedDecoder:
+    """`memlm generate`'s incremental decoder for the pretrained archs (models/decoders.py's contract): the backbone's
+    own key/value cache (transformers' DynamicCache) holds the segment's rows so far, the prefix rows (RMT's read
+    memory) first; a new token runs through the backbone once, at the position it has in the segment's forward."""
+
+    def __init__(self, model: PretrainedCausalLM):
+        self.model, self.cfg, self.t = model, model.cfg, 0
+
+    def begin(self, memory) -> None:
+        from transformers import DynamicCache
+
+        self.memory, self.t = memory, 0
+        self.cache = DynamicCache(config=self.model.lm.config)
+        rows = self.model.prefix_rows(memory)
+        if rows is not None:
+            self._run(rows)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """tokens [B, Q] -> log-probabilities of the next token after each [B, Q, V]."""
+        if self.t + tokens.shape[1] > self.cfg.tgt_len:
+            raise ValueError(f"segment overflow: {self.t} + {tokens.shape[1]} tokens > segment length "
+                             f"{self.cfg.tgt_len}")
+        hidden = self._run(self.model.embed(tokens))  # [B, Q, D]
+        self.t += tokens.shape[1]
+        return self.model.predict(hidden, None, True)[1]
+
+    def _run(self, rows: Tensor) -> Tensor:
+        with self.model.reading(self.memory):
+            return self.model.decoder(inputs_embeds=rows, past_key_values=self.cache, use_cache=True).last_hidden_state
