@@ -50,6 +50,11 @@ class ArchSpec:
     # They replace flops.py's shared count (and layer_flops / extra_params are left empty)
     flops: str = ""
     params: str = ""
+    # Whether the layers are memlm's own (backbone.py): built from memlm's width keys (n_layer, d_model, cutoffs, ...)
+    # with relative positions, model.attention's kernels and the adaptive softmax. False for a pretrained backbone's
+    # (models/pretrained/), whose widths, positions and attention are its config's: then flops and params are set.
+    # The generic tests read it (a tiny model's widths; the cases about memlm's layers)
+    memlm_layers: bool = True
 
     def load(self, what: str) -> Any:
         """The object one of this entry's "module:attribute" fields names."""
@@ -122,7 +127,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              options=PRETRAINED_OPTIONS, flops="memlm.models.pretrained.counts:hf_flops",
              decoder="memlm.models.pretrained.causal_lm:PretrainedDecoder",
              params="memlm.models.pretrained.counts:hf_params", test_settings=TINY_GPT2,
-             checks="memlm.models.pretrained.checks:backbone"),
+             memlm_layers=False, checks="memlm.models.pretrained.checks:backbone"),
     ArchSpec("hf_rmt", "RMT around a pretrained causal LM (Bulatov et al., 2023): memory embeddings read at the "
              "start and written at the end of each segment, as the authors run GPT-2",
              model="memlm.models.pretrained.rmt:PretrainedRMT", mem_len="zero",
@@ -131,7 +136,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              flops="memlm.models.pretrained.counts:hf_rmt_flops",
              decoder="memlm.models.pretrained.causal_lm:PretrainedDecoder",
              params="memlm.models.pretrained.counts:hf_rmt_params", memory_tokens="num_mem_tokens",
-             recurrence="memory_bptt", test_settings=TINY_GPT2 + (("num_mem_tokens", 2),),
+             recurrence="memory_bptt", test_settings=TINY_GPT2 + (("num_mem_tokens", 2),), memlm_layers=False,
              checks="memlm.models.pretrained.checks:hf_rmt"),
     ArchSpec("hf_armt", "ARMT around a pretrained causal LM (Rodkin et al., 2024): an associative read and delta-rule "
              "write wrapped around each decoder layer",
@@ -142,7 +147,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {spec.name: spec for spec in (
              params="memlm.models.pretrained.counts:hf_armt_params", memory_tokens="num_mem_tokens",
              recurrence="memory_bptt",
              test_settings=TINY_GPT2 + (("num_mem_tokens", 2), ("assoc_dim", 4), ("assoc_value_init_std", 0.1)),
-             checks="memlm.models.pretrained.checks:hf_armt"),
+             memlm_layers=False, checks="memlm.models.pretrained.checks:hf_armt"),
 )}
 
 ARCHS = tuple(ARCHITECTURES)
