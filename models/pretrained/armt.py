@@ -59,11 +59,11 @@ class PretrainedARMT(PretrainedCausalLM):
         layers = self.decoder_layers()
         for l in range(len(layers)):
             layers[l] = AssociativeLayer(layers[l], AssociativeBlock(widths), cfg.num_mem_tokens)
-        self.memory_init = nn.Parameter(torch.randn(cfg.num_mem_tokens, D) * self.embedding_std())  # [R, D]
+        self.add_memory_init(cfg.num_mem_tokens)  # [R, D]
 
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> ARMTMemory:
-        B, D, F = batch_size, self.memory_init.shape[1], 2 * DPFP_NU * self.cfg.assoc_dim
+        B, D, F = batch_size, self.lm.config.hidden_size, 2 * DPFP_NU * self.cfg.assoc_dim
         L = len(self.decoder_layers())
         return ARMTMemory(assoc=[torch.zeros(B, F, D, device=device, dtype=dtype) for _ in range(L)],
                           norm=[torch.zeros(B, F, device=device, dtype=dtype) for _ in range(L)],
@@ -101,7 +101,8 @@ class PretrainedARMT(PretrainedCausalLM):
         B, N = tokens.shape
         x = self.embed(tokens)  # [B, N, D]
         assoc, norm, fresh = self.state_in(memory, reset, x.dtype)
-        rows = torch.cat([x, self.memory_init.to(x.dtype)[None].expand(B, -1, -1)], dim=1)  # [B, Q, D]
+        memory_init = self.read_memory_init().to(x.dtype)[None].expand(B, -1, -1)  # [B, R, D]
+        rows = torch.cat([x, memory_init], dim=1)  # [B, Q, D]
         L = len(assoc)
         out = self.run_segment(lambda *t: self.run_associative(t[0], t[1:1 + L], t[1 + L:1 + 2 * L], t[-1]),
                                rows, *assoc, *norm, fresh)

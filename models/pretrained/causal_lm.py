@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..backbone import LearnedTensors
 from ..output import ModelOutput, cut, map_memory
 from .loading import apply_backbone_train, load_causal_lm
 
@@ -59,6 +60,24 @@ class PretrainedCausalLM(nn.Module):
     def embedding_std(self) -> float:
         """The std of the backbone's embedding table: the RMT authors' scale for the initial memory."""
         return float(self.lm.get_input_embeddings().weight.detach().float().std())
+
+    def add_memory_init(self, rows: int) -> None:
+        """The learned initial memory `memory_init` [rows, D], drawn as the RMT authors do (normal, the embedding
+        table's std). Held in a LearnedTensors and read through its call (`read_memory_init`): ZeRO-3 gathers a
+        parameter only while its module's forward runs (models/backbone.py), and this model's own forward is not
+        one of those."""
+        self.learned = LearnedTensors()
+        self.learned.add("memory_init", (rows, self.lm.config.hidden_size), self.embedding_std())
+
+    def read_memory_init(self) -> Tensor:
+        """memory_init [R, D] inside a forward (gathered under ZeRO-3)."""
+        return self.learned.fetch()["memory_init"]
+
+    @property
+    def memory_init(self) -> nn.Parameter:
+        """The parameter itself (its gradient, its shape before DeepSpeed partitions it); forward reads it through
+        read_memory_init."""
+        return self.learned.memory_init
 
     def hidden_states(self, rows: Tensor) -> Tensor:
         """rows [B, Q, D] input embeddings -> final hidden states [B, Q, D] (after the final norm)."""

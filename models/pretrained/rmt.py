@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..output import ModelOutput, cut
 from .causal_lm import PretrainedCausalLM
@@ -41,19 +41,18 @@ class PretrainedRMTMemory:
 class PretrainedRMT(PretrainedCausalLM):
     def __init__(self, cfg):
         super().__init__(cfg)
-        D = self.lm.config.hidden_size
-        self.memory_init = nn.Parameter(torch.randn(cfg.num_mem_tokens, D) * self.embedding_std())  # [R, D]
+        self.add_memory_init(cfg.num_mem_tokens)  # [R, D]
 
     def init_memory(self, batch_size: int, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> PretrainedRMTMemory:
-        R, D = self.memory_init.shape
+        R, D = self.cfg.num_mem_tokens, self.lm.config.hidden_size  # not memory_init's shape: ZeRO-3 partitions it
         return PretrainedRMTMemory(tokens=torch.zeros(batch_size, R, D, device=device, dtype=dtype),
                                    fresh=torch.ones(batch_size, dtype=torch.bool, device=device))
 
     def read_memory(self, memory: PretrainedRMTMemory, reset: Tensor | None, dtype: torch.dtype) -> Tensor:
         """The memory this segment reads [B, R, D]: the state's, or memory_init in fresh and reset lanes."""
         fresh = memory.fresh if reset is None else memory.fresh | reset.to(memory.fresh.device)
-        init = self.memory_init
+        init = self.read_memory_init()
         if self.cfg.bptt_choice("memory_init_grad") == "detached":  # the authors' loop at k >= 1
             init = init.detach()
         init = init.to(dtype)[None].expand(fresh.shape[0], -1, -1)
