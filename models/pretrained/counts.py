@@ -24,15 +24,26 @@ def module_widths(shape: BackboneShape) -> dict[str, tuple[int, int]]:
             "mlp.gate_proj": (D, I), "mlp.up_proj": (D, I), "mlp.down_proj": (I, D)}
 
 
+def lora_modules(cfg, shape: BackboneShape) -> dict[str, tuple[int, int]]:
+    """(in, out) of each module of a layer that LoRA adapts (peft matches a target as the name or its dotted end)."""
+    targets = list(cfg.lora_targets) or LORA_DEFAULT_TARGETS[shape.model_type]
+    return {name: (i, o) for name, (i, o) in module_widths(shape).items()
+            if any(name == t or name.endswith("." + t) for t in targets)}
+
+
 def segment_flops(cfg, rows: int, shape: BackboneShape) -> dict[str, float]:
     """One lane's segment of `rows` rows through the backbone, the head scoring the N token rows."""
     Q, D = rows, shape.d_model
     widths = module_widths(shape)
     attention = sum(mm(Q, i, o) for name, (i, o) in widths.items() if "attn" in name)
     ffn = sum(mm(Q, i, o) for name, (i, o) in widths.items() if "mlp" in name)
-    return dict(embedding=0.0, attn_proj=shape.n_layer * attention, attn_content=shape.n_layer * mm(Q, D, Q),
-                attn_context=shape.n_layer * mm(Q, Q, D), ffn=shape.n_layer * ffn,
-                head=mm(cfg.tgt_len, D, shape.vocab_size))
+    seg = dict(embedding=0.0, attn_proj=shape.n_layer * attention, attn_content=shape.n_layer * mm(Q, D, Q),
+               attn_context=shape.n_layer * mm(Q, Q, D), ffn=shape.n_layer * ffn,
+               head=mm(cfg.tgt_len, D, shape.vocab_size))
+    if cfg.backbone_train == "lora":  # each adapted module also runs x A B: [Q, in] [in, r] [r, out]
+        r = cfg.lora_rank
+        seg["lora"] = shape.n_layer * sum(mm(Q, i, r) + mm(Q, r, o) for i, o in lora_modules(cfg, shape).values())
+    return seg
 
 
 def associative_flops(cfg, shape: BackboneShape, rows: int) -> float:
@@ -66,10 +77,7 @@ def hf_armt_flops(cfg, batch_size: int = 1) -> dict[str, float]:
 
 def lora_params(cfg, shape: BackboneShape) -> int:
     """The LoRA adapters' parameters: r (in + out) per adapted module per layer."""
-    targets = list(cfg.lora_targets) or LORA_DEFAULT_TARGETS[shape.model_type]
-    per_layer = sum(cfg.lora_rank * (i + o) for name, (i, o) in module_widths(shape).items()
-                    if any(name == t or name.endswith("." + t) for t in targets))
-    return shape.n_layer * per_layer
+    return shape.n_layer * sum(cfg.lora_rank * (i + o) for i, o in lora_modules(cfg, shape).values())
 
 
 def hf_params(cfg) -> int:
