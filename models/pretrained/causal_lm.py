@@ -173,4 +173,4 @@ class PretrainedDecoder:
 
     def _run(self, rows: Tensor) -> Tensor:
         with self.model.reading(self.memory):
-            return self.model.decoder(inputs_embeds=rows, past_key_values=self.cache, use_cache=True).last_hidden_state
+            return self.model.decoder(inputs_embeds=rows, cache=self.cache, use_cache=True).last_hidden_state
