@@ -71,7 +71,7 @@ def backbone(cfg, memory_rows: int = 0) -> None:
         have = f"its tokenizer.json's {shape.tokenizer_vocab} or " if shape.tokenizer_vocab else ""
         raise ConfigError(f"model.vocab_size is {cfg.vocab_size} (the data's tokenizer) and the backbone "
                           f"{cfg.backbone} reads {have}{shape.vocab_size} tokens: prepare the data with the "
-                          f"backbone's tokenizer (memlm prepare --tokenizer {cfg.backbone})")
+                          f"backbone's tokenizer (memlm prepare ... --tokenizer-from {cfg.backbone})")
     rows = cfg.tgt_len + memory_rows
     if shape.positions and rows > shape.positions:
         raise ConfigError(f"model.tgt_len {cfg.tgt_len} with {rows - cfg.tgt_len} memory rows is {rows} positions "
