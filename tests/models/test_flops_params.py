@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from memlm.models import ARCHITECTURES, ModelConfig, build_model
 from memlm.models.flops import (
@@ -18,7 +18,7 @@ from memlm.models.flops import (
     param_count,
     zipf_cluster_fractions,
 )
-from support.models import registry_fields, tiny_model_config
+from support.models import layer_fields, registry_fields, tiny_model_config
 
 
 def need(arch):
@@ -31,8 +31,10 @@ def need(arch):
 
 
 def tiny(arch, **kw):
-    """The arch's registry tiny settings (support.models) at this file's widths: 6-token segments."""
-    return tiny_model_config(**{**registry_fields(ARCHITECTURES[arch]), "d_model": 24, "d_head": 8, "d_inner": 40,
+    """The arch's registry tiny settings (support.models) at this file's widths (memlm's layers' only: a pretrained
+    backbone has its test_settings' own): 6-token segments."""
+    spec = ARCHITECTURES[arch]
+    return tiny_model_config(**{**registry_fields(spec), **layer_fields(spec, d_model=24, d_head=8, d_inner=40),
                                 "tgt_len": 6, **kw})
 
 VARIANTS = {
@@ -42,18 +44,35 @@ VARIANTS = {
     "adaptive-div2": dict(cutoffs=[10, 30], div_val=2, tie_weight=False),
     "adaptive-div2-proj-tied": dict(cutoffs=[10, 20, 30], div_val=2, d_embed=32, n_layer=3),
 }
+# A tiny Llama (grouped-query attention, gated MLP, rotary positions, untied head) beside the registry's tiny GPT-2
+TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 24, "max_position_embeddings": 64}
+GPT2 = dict(ARCHITECTURES["hf"].test_settings)["backbone_config"]
+# The pretrained backbones' own variants (their layers are not memlm's: VARIANTS' widths and adaptive softmax are
+# memlm's keys, which they refuse)
+BACKBONE_VARIANTS = {
+    "llama": dict(backbone_config=TINY_LLAMA),
+    "gpt2-untied": dict(backbone_config={**GPT2, "tie_word_embeddings": False}),
+    "gpt2-lora": dict(backbone_train="lora", lora_rank=3),
+    "llama-lora-mlp": dict(backbone_config=TINY_LLAMA, backbone_train="lora", lora_rank=2,
+                           lora_targets=["q_proj", "down_proj"]),
+}
 ARCH_VARIANTS = {  # beyond VARIANTS, for the archs named here
     "lamemo": {"rpe-xl": dict(rpe="xl"), "no-lookahead": dict(lookahead=False, untie_r=True)},
     "rmt": {"cache-aux": dict(mem_len=4, num_mem_tokens=3, aux_loss_weight=0.5, bptt_depth=2)},
     "compressive": {"pool": dict(compression="mean", compressed_len=7, compression_rate=2, mem_len=4)},
     "infinite_former": {"three-widths": dict(ltm_basis=9, ltm_widths=[0.01, 0.05, 0.1])},
     "armt": {"wide-keys": dict(num_mem_tokens=4, assoc_dim=8)},
+    "hf": BACKBONE_VARIANTS,
+    "hf_rmt": {**BACKBONE_VARIANTS, "five-tokens": dict(num_mem_tokens=5)},
+    "hf_armt": {**BACKBONE_VARIANTS, "wide-keys": dict(num_mem_tokens=4, assoc_dim=8)},
 }
 
 
 def param_cases():
     for arch in ARCHITECTURES:
-        for name, kw in {**VARIANTS, **ARCH_VARIANTS.get(arch, {})}.items():
+        variants = VARIANTS if ARCHITECTURES[arch].memlm_layers else {"plain": {}}
+        for name, kw in {**variants, **ARCH_VARIANTS.get(arch, {})}.items():
             yield pytest.param(arch, kw, id=f"{arch}-{name}")
 
 
@@ -77,6 +96,15 @@ def test_param_count_ignores_memory_and_segment_length():
 # too.
 
 
+def cpu_sdpa_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """The flop counter's formula for its CUDA SDPA kernels (the full score matrix, causal or not), for the CPU's
+    kernel, which it has no formula for: the pretrained backbones attend through scaled_dot_product_attention."""
+    return sdpa_flop_count(query, key, value)
+
+
+CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa_flops}
+
+
 def measured_forward_flops(cfg, B, tokens=None, targets=None, return_logits=False):
     model = build_model(cfg).eval()
     gen = torch.Generator().manual_seed(0)
@@ -87,7 +115,7 @@ def measured_forward_flops(cfg, B, tokens=None, targets=None, return_logits=Fals
     memory = model.init_memory(B)
     with torch.no_grad():
         memory = model(tokens, memory, targets=targets).memory  # a second segment with a non-empty memory
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
             model(tokens, memory, targets=targets, return_logits=return_logits)
     return counter.get_total_flops()
 
@@ -117,6 +145,10 @@ def flop_cases():
                        id="infinite_former-M<N-sticky")
     yield pytest.param("armt", dict(), id="armt")
     yield pytest.param("armt", dict(num_mem_tokens=5, assoc_dim=2, pre_lnorm=True), id="armt-5-tokens")
+    for arch in ("hf", "hf_rmt", "hf_armt"):
+        for name, kw in BACKBONE_VARIANTS.items():
+            yield pytest.param(arch, kw, id=f"{arch}-{name}")
+    yield pytest.param("hf_armt", dict(num_mem_tokens=5, assoc_dim=2), id="hf_armt-5-tokens")
     named = {"transformer", "txl", "lamemo", "rmt", "compressive", "infinite_former", "armt"}
     for arch in sorted(set(ARCHITECTURES) - named):  # a new arch: its registry tiny settings
         yield pytest.param(arch, {}, id=arch)
@@ -132,8 +164,9 @@ def test_flops_per_token_equals_flop_counter(arch, kw):
     measured = measured_forward_flops(cfg, B)
     assert measured == pytest.approx(expected, rel=1e-9), (measured, expected, f)
     parts = [k for k in f if k not in ("total", "macs")]  # the shared components and an arch's own
-    assert {"embedding", "attn_proj", "pos_proj", "attn_content", "attn_position", "attn_context", "ffn",
-            "head"} <= set(parts)
+    assert {"embedding", "attn_proj", "attn_content", "attn_context", "ffn", "head"} <= set(parts)
+    if ARCHITECTURES[arch].memlm_layers:  # relative positions (a pretrained backbone's are its own, not counted)
+        assert {"pos_proj", "attn_position"} <= set(parts)
     assert f["total"] == pytest.approx(sum(f[k] for k in parts)) and f["macs"] == f["total"] / 2
 
 

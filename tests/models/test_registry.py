@@ -22,6 +22,16 @@ def test_every_entry_builds_its_class_and_counts_its_parameters(name):
     assert flops_per_token(cfg)["total"] > 0
 
 
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_an_entry_counts_its_layers_one_way(name):
+    """memlm's own layers are counted by flops.py with the entry's layer_flops; a pretrained backbone's layers
+    (memlm_layers False) by the entry's own flops and params."""
+    spec = ARCHITECTURES[name]
+    assert bool(spec.layer_flops) is spec.memlm_layers
+    assert bool(spec.flops) is bool(spec.params) is (not spec.memlm_layers)
+    assert spec.memlm_layers or not spec.extra_params  # params counts every parameter
+
+
 def test_an_unknown_arch_lists_the_registered_ones():
     with pytest.raises(ConfigError) as err:
         ModelConfig(arch="infini").validate()
@@ -43,7 +53,8 @@ def test_mem_len_rules_and_foreign_options_are_refused_by_the_entry(name):
             default = getattr(ModelConfig(), option)
             changed = (not default) if isinstance(default, bool) else (
                 default + "_other" if isinstance(default, str) else
-                default + [0.5] if isinstance(default, list) else default + 1)
+                default + [0.5] if isinstance(default, list) else
+                {**default, "other": 1} if isinstance(default, dict) else default + 1)
             with pytest.raises(ConfigError, match=f"model.{option} only applies to arch .*'{other.name}'"):
                 _tiny(spec, **{option: changed}).validate()
 

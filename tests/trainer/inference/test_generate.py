@@ -64,10 +64,19 @@ def _segment_forward(model, seq: torch.Tensor, fresh_memory_each_segment: bool =
     return torch.cat(out)
 
 
+def _wide_init(case: str) -> dict:
+    """Weights drawn at std 0.3, so that a lost memory shows: memlm's init_std, or a pretrained backbone's own
+    initializer_range (its layers are not memlm's: it refuses init_std)."""
+    fields = CASES[case]
+    if ARCHITECTURES[fields["arch"]].memlm_layers:
+        return dict(init_std=0.3)
+    return dict(backbone_config={**fields["backbone_config"], "initializer_range": 0.3})
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_incremental_equals_segment_forward(case):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=V, tgt_len=N, init_std=0.3, **CASES[case])).eval()
+    model = build_model(ModelConfig(vocab_size=V, tgt_len=N, **{**CASES[case], **_wide_init(case)})).eval()
     seq = torch.randint(0, V, (1, 5 * N))
     reference = _segment_forward(model, seq)
     one_by_one = Session(model)
