@@ -2,8 +2,8 @@
 GPT-2 and Llama (RodkinIvan/associative-recurrent-memory-transformer: an associative wrapper around each decoder
 layer; Rodkin et al., 2024).
 
-Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q rows (N + R), L layers, D model
-width, F associative feature width (2 nu assoc_dim).
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q queries: a segment's rows
+(N + R), L layers, D model width, F feature width of the associative keys (2 nu assoc_dim).
 
 A segment's rows are [tokens N | write R], the write rows being the learned `memory_init` [R, D] in every segment
 (ARMT carries no memory tokens between segments). Each decoder layer l is wrapped: before it, every row reads the

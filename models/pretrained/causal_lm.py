@@ -1,7 +1,7 @@
 """The pretrained-backbone archs' shared module, and `hf`, the backbone alone (every segment read by itself).
 
-Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q rows a segment's forward runs
-([read R | tokens N | write R] for RMT), D model width, V vocabulary.
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q queries: the rows a segment's forward
+runs ([read R | tokens N | write R] for RMT), D model width, V vocabulary.
 
 The backbone is a transformers *ForCausalLM (loading.py): its own embedding, positions (learned for GPT-2, rotary for
 Llama: a segment's rows take positions 0..Q-1, as the RMT and ARMT authors run it), layers, final norm and head.
@@ -108,7 +108,7 @@ class PretrainedCausalLM(nn.Module):
             layer.compile(**options)
 
     def prefix_rows(self, memory) -> Tensor | None:
-        """The rows a segment's forward runs before its tokens [B, P, D] (RMT's read memory); None: none."""
+        """The rows a segment's forward runs before its tokens (RMT's read memory [B, R, D]); None: none."""
         return None
 
     def reading(self, memory):

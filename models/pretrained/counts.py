@@ -2,8 +2,9 @@
 in models/flops.py's conventions: matmuls only, 2 FLOPs a multiply-accumulate, the full score matrix counted, per
 lane and segment.
 
-Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q rows a segment's forward runs, L
-layers, D model width, H heads, E head width (D / H), I inner width, V vocabulary, F associative feature width.
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q queries: the rows a segment's forward
+runs, L layers, D model width, H heads, E head width (D / H), I inner width, V vocabulary, F feature width of the
+associative keys.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 (booydar/recurrent-memory-transformer, MemoryCell / RecurrentWrapper; Bulatov et al. 2023, "Scaling Transformer to
 1M tokens and beyond with RMT").
 
-Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q rows (2R + N), D model width.
+Shape letters (models/shapes.md): B lanes, N segment length, R memory tokens, Q queries: a segment's rows
+(2R + N), D model width.
 
 A segment's rows are [read R | tokens N | write R]: the memory embeddings are input at the start (read) and again at
 the end (write), the backbone runs them causally with positions 0..Q-1, and the final hidden states of the write
