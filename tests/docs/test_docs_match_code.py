@@ -259,13 +259,14 @@ def test_the_docs_python_snippets_import_what_exists():
 
 def models_table_problems(files: set[str]) -> list[str]:
     table = "\n".join(line for line in read("models/README.md").splitlines() if line.startswith("| `"))
-    named = set(re.findall(r"`(\w+\.py)`", table))
+    named = set(re.findall(r"`((?:\w+/)?\w+\.py)`", table))  # a file of models/ or of a folder in it
     return ([f"models/README.md's file table lacks {name}" for name in sorted(files - named)]
             + [f"models/README.md's file table names {name}, which models/ lacks" for name in sorted(named - files)])
 
 
 def test_the_models_readme_names_every_file_of_models():
-    files = {path.name for path in (ROOT / "models").glob("*.py")} - {"__init__.py"}
+    files = {path.relative_to(ROOT / "models").as_posix() for path in (ROOT / "models").rglob("*.py")
+             if path.name != "__init__.py"}  # a subfolder's as pretrained/rmt.py
     assert models_table_problems(files) == []
     assert models_table_problems(files | {"newarch.py"}) == ["models/README.md's file table lacks newarch.py"]
 
@@ -419,8 +420,8 @@ def shape_letters_used(source: str) -> set[str]:
 
 def shape_problems(shapes: dict[str, str]) -> list[str]:
     problems = []
-    for path in sorted((ROOT / "models").glob("*.py")):
-        name = f"models/{path.name}"
+    for path in sorted((ROOT / "models").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
         source = path.read_text(encoding="utf-8")
         used = shape_letters_used(source)
         docstring = ast.get_docstring(ast.parse(source)) or ""
