@@ -57,9 +57,11 @@ class PretrainedCausalLM(nn.Module):
         """tokens [B, N] -> the backbone's input embeddings [B, N, D]."""
         return self.lm.get_input_embeddings()(tokens)
 
-    def embedding_std(self) -> float:
-        """The std of the backbone's embedding table: the RMT authors' scale for the initial memory."""
-        return float(self.lm.get_input_embeddings().weight.detach().float().std())
+    def embedding_std(self) -> Tensor:
+        """The std of the backbone's embedding table (a 0-d float32 tensor): the RMT authors' scale for the initial
+        memory. A tensor, not a float: a model built on the meta device for its shapes (trainer/checkpoint/
+        model_fit.py) has no value to read."""
+        return self.lm.get_input_embeddings().weight.detach().float().std()
 
     def add_memory_init(self, rows: int) -> None:
         """The learned initial memory `memory_init` [rows, D], drawn as the RMT authors do (normal, the embedding
