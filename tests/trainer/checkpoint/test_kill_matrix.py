@@ -1,11 +1,11 @@
 """The kill matrix: runs SIGKILLed at named points (trainer's MEMLM_TEST_KILL hook: mid-step, between micro-batches,
 after DeepSpeed's files, after the rank files, after the rename, after `latest`, mid-validation; an RMT run inside its
-replay window; 2 ranks ZeRO-2 mid-step on one rank and mid-checkpoint) at steps drawn from a fixed seed list, then
-resumed: every resumed run ends with exactly the losses, tokens and final weights of the uninterrupted run. The same
-for a SIGTERM (a scheduler's preemption: the run saves at that step and exits 143; at 2 ranks only rank 1 gets it,
-and both stop at the same step) and a Ctrl-C (one line, exit 130) mid-step. Also
-`memlm eval` killed mid-evaluation (nothing half-written; the rerun gives the reference result) and a full disk
-during a save (one line; the previous checkpoint resumes exactly).
+replay window, and one around a Hugging Face backbone (hf_rmt); 2 ranks ZeRO-2 mid-step on one rank and
+mid-checkpoint) at steps drawn from a fixed seed list, then resumed: every resumed run ends with exactly the losses,
+tokens and final weights of the uninterrupted run. The same for a SIGTERM (a scheduler's preemption: the run saves at
+that step and exits 143; at 2 ranks only rank 1 gets it, and both stop at the same step) and a Ctrl-C (one line, exit
+130) mid-step. Also `memlm eval` killed mid-evaluation (nothing half-written; the rerun gives the reference result)
+and a full disk during a save (one line; the previous checkpoint resumes exactly).
 
 One uninterrupted reference per (arch, world size) is shared by its kill points. Killed runs are subprocesses;
 1-rank resumes run in-process (no interpreter or DeepSpeed start-up). tests/trainer/checkpoint/test_checkpoint.py keeps
@@ -52,6 +52,7 @@ MATRIX = [
     ("renamed", "txl", 1, 15), ("latest", "txl", 1, 16), ("validation", "txl", 1, 17), ("step", "rmt", 1, 18),
     ("micro", "txl", 2, 19), ("rank-saved", "txl", 2, 20),
     ("sigterm", "txl", 1, 21), ("sigterm", "rmt", 1, 22), ("sigterm", "txl", 2, 23), ("sigint", "txl", 1, 24),
+    ("step", "hf_rmt", 1, 25),  # tiny/hf_rmt: a random GPT-2 inline, its replay window full from step 3 on
 ]
 SIGNALS = {"sigterm": "TERM", "sigint": "INT"}  # sent at the mid-step kill point instead of SIGKILL
 CHOICES = {"step": ANY, "micro": ANY, "sigterm": ANY[:-1], "sigint": ANY[:-1], "validation": (3, 6),
