@@ -71,8 +71,9 @@ def min_length(task: str, o: dict) -> int:
     return longest_story(task, o.get("facts", 1), o.get("digits", 1)) + 2
 
 
-def check(task: str, o: dict) -> None:
-    """One readable error for options that cannot make a sample."""
+def check(task: str, o: dict, in_tokens: bool = False) -> None:
+    """One readable error for options that cannot make a sample. in_tokens: `length` counts a backbone tokenizer's
+    tokens (data_pipeline/longctx_tokens.py), whose floor each sample's story sets: checked as each is made."""
     if not 0.0 <= o["depth_min"] <= o["depth_max"] <= 1.0:
         raise DataError(f"{task}: need 0 <= depth_min <= depth_max <= 1, got {o['depth_min']} and {o['depth_max']}")
     if task == "passkey":
@@ -81,7 +82,9 @@ def check(task: str, o: dict) -> None:
     elif o["facts"] < {"qa1": 1, "qa2": 2, "qa3": 3}[task]:
         raise DataError(f"{task}: facts must be >= {task[-1]} (its supporting facts), got {o['facts']}")
     shortest = min_length(task, o)
-    if o["length"] < shortest:
+    if in_tokens and o["length"] < 1:
+        raise DataError(f"{task}: --task-length (the sample's tokens) must be >= 1, got {o['length']}")
+    if not in_tokens and o["length"] < shortest:
         what = f"a {o['digits']}-digit key" if task == "passkey" else f"{o['facts']} facts"
         fewer = "digits" if task == "passkey" else "facts"
         raise DataError(f"{task}: --task-length (the sample's bytes) must be >= {shortest} for {what} and the "
@@ -127,15 +130,30 @@ def longest_answer(task: str, o: dict) -> int:
 def sample_text(task: str, split: str, rng: np.random.Generator, o: dict) -> tuple[str, str]:
     """(prompt, answer) of one sample: a prompt of exactly o["length"] - 1 - longest_answer bytes, then SEP and an
     answer of at most longest_answer bytes."""
-    made = passkey_story(rng, o["digits"]) if task == "passkey" else story(task, rng, o["facts"])
-    tail = QUESTION_MARK + made.question
+    made = draw_story(task, rng, o)
     prompt_length = o["length"] - 1 - longest_answer(task, o)
-    background = prompt_length - sum(len(f) + 1 for f in made.facts) - (len(tail) - 1)
+    prompt = prompt_of(task, split, rng, o, made, prompt_length)
+    assert len(prompt) == prompt_length and len(made.answer) <= longest_answer(task, o), (len(prompt), made.answer)
+    return prompt, made.answer
+
+
+def draw_story(task: str, rng: np.random.Generator, o: dict) -> Story:
+    """A sample's story (facts, question, answer): the first draws of its rng."""
+    return passkey_story(rng, o["digits"]) if task == "passkey" else story(task, rng, o["facts"])
+
+
+def story_bytes(made: Story) -> int:
+    """The bytes of a prompt that are not background: the facts with their spaces and " Q: <question>"."""
+    return sum(len(f) + 1 for f in made.facts) + len(QUESTION_MARK + made.question) - 1
+
+
+def prompt_of(task: str, split: str, rng: np.random.Generator, o: dict, made: Story, prompt_length: int) -> str:
+    """The prompt of `made` in exactly `prompt_length` bytes (at least story_bytes + 2): background, the facts at
+    their depths, then the question; the rng draws the background's first sentence and the facts' places."""
+    background = prompt_length - story_bytes(made)
     if task == "passkey":
         words = Words(tuple(s if s.endswith(".") else s + "." for s in FILLER.split(". ")), 0)
     else:
         sentences = background_sentences(o["background"], split)
         words = Words(sentences, int(rng.integers(len(sentences))))
-    prompt = lay_out(rng, made.facts, words, background, o["depth_min"], o["depth_max"]) + tail
-    assert len(prompt) == prompt_length and len(made.answer) <= longest_answer(task, o), (len(prompt), made.answer)
-    return prompt, made.answer
+    return lay_out(rng, made.facts, words, background, o["depth_min"], o["depth_max"]) + QUESTION_MARK + made.question

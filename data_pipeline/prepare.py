@@ -14,6 +14,7 @@ is always tokenized in this process: a pool could not split it.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -25,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import longctx
+from . import longctx, longctx_tokens
 from .corpora import read_corpus
 from .format import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_DIR, DataError, token_dtype
+from .hf_tokenizer import KIND as HF_KIND
 from .progress import Meter, is_terminal
 from .progress import phase as progress_phase
 from .shards import DEFAULT_SHARD_TOKENS, write_split
@@ -47,13 +49,19 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
     """Prepare a DATA_DIR and return its manifest. Any user mistake raises DataError (naming the file and the fix).
 
     tokenizer: word | bytes | spm-unigram | spm-bpe (default: bytes for enwik8/text8/task, else word), trained on
-    the train split; or tokenizer_from: an existing tokenizer folder (e.g. another DATA_DIR/tokenizer) to reuse.
+    the train split; or tokenizer_from: an existing tokenizer folder to reuse (another DATA_DIR/tokenizer, or a
+    Hugging Face model folder's own tokenizer.json: data_pipeline/hf_tokenizer.py; a task then counts a long-context
+    sample's length in its tokens: data_pipeline/longctx_tokens.py).
     progress: None shows a bar on a terminal, else a progress line every 15 s on stderr; False shows nothing.
     """
     out = Path(out)
     tokenizer = _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_from)
+    task_tokenizer = None
     if corpus == "task":
-        task_options = resolve_options(task, task_options)  # a bad option is refused before any folder is made
+        task_tokenizer = _task_tokenizer(tokenizer_from)  # a folder without a usable tokenizer: refused here
+        in_tokens = task_tokenizer is not None
+        # a bad option is refused before any folder is made
+        task_options = resolve_options(task, task_options, in_tokens=in_tokens)
     _check_out(out, overwrite)
     made = _make_parents(out.parent)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
@@ -62,7 +70,8 @@ def prepare(corpus: str, input_path: str | os.PathLike | None, out: str | os.Pat
     try:
         tmp.mkdir()
         if corpus == "task":
-            manifest = _prepare_task(tmp, task, task_options, shard_tokens, progress)
+            manifest = _prepare_task(tmp, task, task_options, shard_tokens, progress, task_tokenizer,
+                                     tokenizer_from)
         else:
             manifest = _prepare_corpus(tmp, corpus, input_path, tokenizer, vocab_size, shard_tokens, split_pages,
                                        workers, tokenizer_from, progress)
@@ -98,10 +107,10 @@ def _check_arguments(corpus, input_path, tokenizer, vocab_size, task, tokenizer_
     if corpus == "task":
         if task is None:
             raise DataError("--corpus task needs --task (copy, reverse, retrieval or quadratic)")
-        if tokenizer not in (None, "bytes") or tokenizer_from is not None or vocab_size not in (None, 256):
-            raise DataError("--corpus task documents are ASCII text on the bytes tokenizer: "
-                            "drop --tokenizer/--tokenizer-from/--vocab-size")
-        return "bytes"
+        if tokenizer not in (None, "bytes") or vocab_size not in (None, 256):
+            raise DataError("--corpus task documents are ASCII text on the bytes tokenizer, or on a backbone's "
+                            "(--tokenizer-from MODEL_FOLDER): drop --tokenizer/--vocab-size")
+        return "bytes" if tokenizer_from is None else "from"
     if task is not None:
         raise DataError(f"--task applies to --corpus task only, not to {corpus}")
     if input_path is None:
@@ -178,7 +187,7 @@ def _prepare_corpus(tmp: Path, corpus: str, input_path, kind: str, vocab_size, s
     corpus_entry = {"kind": corpus, "input": str(input_path)}
     if split_pages:
         corpus_entry["split_pages"] = True
-    return _manifest(corpus_entry, tok, splits)
+    return _manifest(corpus_entry, tok, splits, tokenizer_from)
 
 
 def _encode(tok, document) -> tuple[np.ndarray, None, str]:
@@ -202,13 +211,32 @@ def _worker_encode(document):
 # ---------------------------------------------------------------- algorithmic tasks
 
 
-def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens: int, progress) -> dict:
-    options = resolve_options(task, task_options)
-    tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
+def _task_tokenizer(tokenizer_from):
+    """None for the bytes tokenizer (the default, or a bytes DATA_DIR/tokenizer), else the backbone's tokenizer."""
+    if tokenizer_from is None:
+        return None
+    tok = load_tokenizer(Path(tokenizer_from))  # checks the folder; DataError names it
+    if tok.kind == "bytes":
+        return None
+    if tok.kind != HF_KIND:
+        raise DataError(f"--tokenizer-from {tokenizer_from} is a {tok.kind} tokenizer; --corpus task takes the bytes "
+                        "tokenizer (the default) or a Hugging Face backbone's (a model folder with tokenizer.json)")
+    return tok
+
+
+def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens: int, progress, tok=None,
+                  tokenizer_from=None) -> dict:
+    options = resolve_options(task, task_options, in_tokens=tok is not None)
+    if tok is None:
+        tok = train_tokenizer("bytes", [], None, tmp / TOKENIZER_DIR)
+        documents = task_documents
+    else:
+        tok.save(tmp / TOKENIZER_DIR)
+        documents = functools.partial(longctx_tokens.token_documents, tokenizer=tok)
     lengths: dict[str, list[int]] = {split: [] for split in SPLITS}
 
     def measured(split: str):
-        for document in task_documents(task, split, options):
+        for document in documents(task, split, options):
             lengths[split].append(len(document[0]))
             yield document
 
@@ -216,17 +244,23 @@ def _prepare_task(tmp: Path, task: str, task_options: dict | None, shard_tokens:
                             total=options["docs"][split])
               for split in SPLITS}
     if progress is not False:
-        print(length_report(task, options, lengths))
+        print(length_report(task, options, lengths, tok.kind))
     # first_target: where a document's targets start (shard_source.Doc.start), read by every stream of the data.
     corpus = {"kind": "task", "input": None, "task": task, "options": options,
               "first_target": 0 if options["predict_first"] else 1}
-    return _manifest(corpus, tok, splits)
+    if tok.kind == HF_KIND and task in longctx.LONGCTX_TASKS:
+        corpus["length_unit"] = "tokens"  # options.length counts the backbone's tokens (bytes when absent)
+    return _manifest(corpus, tok, splits, tokenizer_from)
 
 
-def length_report(task: str, options: dict, lengths: dict[str, list[int]]) -> str:
-    """The samples' achieved lengths per split (tokens of the bytes tokenizer, so bytes), beside the asked length
-    and its tolerance where the task has one (the long-context tasks: data_pipeline/longctx.py)."""
+def length_report(task: str, options: dict, lengths: dict[str, list[int]], kind: str = "bytes") -> str:
+    """The samples' achieved lengths per split (tokens of the bytes tokenizer, so bytes; or of a backbone's),
+    beside the asked length and its tolerance where the task has one (the long-context tasks:
+    data_pipeline/longctx.py; in a backbone's tokens, longctx_tokens.py: no fixed tolerance, the minimum shows it)."""
     rows = ", ".join(f"{split} {min(n)} / {np.median(n):g} / {max(n)}" for split, n in lengths.items() if n)
+    if kind == HF_KIND:
+        asked = f", asked {options['length']}" if task in longctx.LONGCTX_TASKS else ""
+        return f"{task}: sample lengths in the backbone's tokens{asked}, min / median / max: {rows}"
     asked = ""
     if task in longctx.LONGCTX_TASKS:
         asked = f", asked {options['length']} (tolerance {longctx.TOLERANCE})"
@@ -258,6 +292,8 @@ def _write(tmp: Path, split: str, documents: Iterable, vocab_size: int, shard_to
     return entry
 
 
-def _manifest(corpus_entry: dict, tok, splits: dict) -> dict:
-    return {"format": FORMAT_VERSION, "corpus": corpus_entry,
-            "tokenizer": {**tok.identity(), "path": TOKENIZER_DIR}, "splits": splits}
+def _manifest(corpus_entry: dict, tok, splits: dict, tokenizer_from=None) -> dict:
+    tokenizer = {**tok.identity(), "path": TOKENIZER_DIR}
+    if tok.kind == HF_KIND:  # where a backbone's tokenizer came from (its hash is the identity's)
+        tokenizer["source"] = str(tokenizer_from)
+    return {"format": FORMAT_VERSION, "corpus": corpus_entry, "tokenizer": tokenizer, "splits": splits}

@@ -28,7 +28,8 @@ into exactly the segments the paper's Figure 4 counts (copy 24 -> 48: 72 predict
 marker before the queried key ("??", Ba et al.; the RMT authors' generator has none: "").
 
 The long-context tasks qa1, qa2, qa3 (BABILong-style: bAbI-like facts in WikiText background) and passkey are
-data_pipeline/longctx.py's; their `length` is the sample's exact bytes.
+data_pipeline/longctx.py's; their `length` is the sample's exact bytes, or its tokens when a task is prepared with a
+backbone's tokenizer (data_pipeline/longctx_tokens.py, which also encodes the RMT tasks' prompt, SEP and answer).
 
 Sizes: `length` (copy/reverse symbols, retrieval pairs) sets how many segments a sample spans. Splits are generated
 from different seeds (seed, split), so train, valid and test differ; the same seed gives the same bytes (numpy's
@@ -77,8 +78,9 @@ class Sample:
         return self.prompt + SEP + self.answer
 
 
-def resolve_options(task: str, options: dict | None = None) -> dict:
-    """The task's full option set (defaults filled in, values checked) plus `seed` and per-split `docs`."""
+def resolve_options(task: str, options: dict | None = None, in_tokens: bool = False) -> dict:
+    """The task's full option set (defaults filled in, values checked) plus `seed` and per-split `docs`.
+    in_tokens: a long-context `length` counts a backbone tokenizer's tokens, not bytes (longctx_tokens.py)."""
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     options = dict(options or {})
@@ -92,7 +94,7 @@ def resolve_options(task: str, options: dict | None = None) -> dict:
             hint = " (--task-length does not apply to quadratic)" if key == "length" else ""
             raise DataError(f"task {task!r} has no option {key!r}{hint}; it takes {', '.join(sorted(DEFAULTS[task]))}")
         resolved[key] = _typed(key, resolved[key], value)
-    _check(task, resolved)
+    _check(task, resolved, in_tokens)
     return resolved
 
 
@@ -129,7 +131,7 @@ def _split_docs(docs) -> dict:
     return counts
 
 
-def _check(task: str, o: dict) -> None:
+def _check(task: str, o: dict, in_tokens: bool = False) -> None:
     if task in ("copy", "reverse", "retrieval") and o["length"] < 1:
         raise DataError(f"--task-length must be >= 1, got {o['length']}")
     if "alphabet" in o:
@@ -141,7 +143,7 @@ def _check(task: str, o: dict) -> None:
     if task == "copy" and o["copies"] < 1:
         raise DataError(f"copy: copies must be >= 1, got {o['copies']}")
     if task in longctx.LONGCTX_TASKS:
-        longctx.check(task, o)
+        longctx.check(task, o, in_tokens)
     if task == "quadratic":
         if o["root_range"] < 1 or o["alpha_max"] < 1 or not 0.0 <= o["no_roots"] <= 1.0:
             raise DataError(f"quadratic: need root_range >= 1, alpha_max >= 1, 0 <= no_roots <= 1; got {o}")

@@ -7,6 +7,8 @@ boundary per line, blank lines included: this is the WikiText convention that gi
 "a b" and "a b\n" both encode to [a, b, <eos>]; decode writes "\n" for each boundary, so decode(encode(x)) == x
 for sentencepiece text that ends in "\n" (word decoding normalises spacing to single spaces).
 The bytes tokenizer is the identity on UTF-8 bytes; its boundary is "\n" (10).
+A Hugging Face backbone's own tokenizer.json is read by data_pipeline/hf_tokenizer.py (kind "hf", never trained
+here: `load_tokenizer` takes the model folder).
 
 Files. `save(directory)` writes tokenizer.json (and spm.model for sentencepiece). `identity()` hashes exactly
 those bytes: sha256 over the files in name order, each as name, NUL, length (decimal), NUL, content.
@@ -379,14 +381,21 @@ def train_tokenizer(
 
 
 def load_tokenizer(directory: Path) -> Tokenizer:
-    """Load what `save` wrote; a missing, corrupt or mismatched folder raises DataError naming it."""
+    """Load what `save` wrote, or a Hugging Face model folder's own tokenizer.json (data_pipeline/hf_tokenizer.py);
+    a missing, corrupt or mismatched folder raises DataError naming it."""
+    from . import hf_tokenizer  # a cycle: hf_tokenizer's tokenizer subclasses Tokenizer
+
     directory = Path(directory)
     config_path = directory / TOKENIZER_JSON
     fix = "prepare the data again (memlm prepare) or point at the DATA_DIR/tokenizer folder"
     if not config_path.is_file():
-        raise DataError(f"tokenizer folder {directory} has no {TOKENIZER_JSON}: {fix}")
+        raise DataError(hf_tokenizer.missing_tokenizer_line(directory)
+                        or f"tokenizer folder {directory} has no {TOKENIZER_JSON}: {fix}, or at a Hugging Face model "
+                        f"folder with its {TOKENIZER_JSON}")
     try:
         config = json.loads(config_path.read_bytes().decode("utf-8"))
+        if isinstance(config, dict) and hf_tokenizer.is_hf_tokenizer_json(config):
+            return hf_tokenizer.from_backbone(directory)  # DataError naming the folder when it cannot be read
         kind = config["kind"]
         vocab_size = config["vocab_size"]
         boundary_id = config["boundary_id"]
@@ -404,6 +413,8 @@ def load_tokenizer(directory: Path) -> Tokenizer:
             if hashlib.sha256(model).hexdigest() != config["model_sha256"]:
                 raise ValueError(f"{model_path.name} does not match the sha256 recorded in {TOKENIZER_JSON}")
             tokenizer = SentencePieceTokenizer(kind, model)
+        elif kind == hf_tokenizer.KIND:
+            tokenizer = hf_tokenizer.from_saved(directory, config)
         else:
             raise ValueError(f"unknown kind {kind!r}")
     except (ValueError, KeyError, TypeError, RuntimeError, UnicodeDecodeError) as e:

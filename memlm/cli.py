@@ -200,7 +200,9 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="DATA_DIR")
     p.add_argument("--tokenizer", choices=["word", "bytes", "spm-unigram", "spm-bpe"],
                    help="trained on the train split (default: bytes for enwik8/text8/task, else word)")
-    p.add_argument("--tokenizer-from", metavar="DIR", help="reuse a trained tokenizer folder (e.g. DATA_DIR/tokenizer)")
+    p.add_argument("--tokenizer-from", metavar="DIR",
+                   help="reuse a trained tokenizer folder (e.g. DATA_DIR/tokenizer), or a Hugging Face model folder's "
+                        "own tokenizer.json (a backbone's: lengths count its tokens)")
     p.add_argument("--vocab-size", type=int, metavar="N", help="needed for spm-*; caps the word vocabulary")
     p.add_argument("--task", choices=TASK_NAMES + [f"qa{i}" for i in range(4, 21)], metavar="TASK",
                    help="an RMT task (copy, reverse, retrieval, quadratic), or a long-context one: qa1/qa2/qa3 "
@@ -212,7 +214,7 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
                         "the file's records in order, default all with 1/20 each to valid and test)")
     p.add_argument("--task-length", type=int, metavar="L",
                    help="copy/reverse: symbols per sample (default 24); retrieval: key-value pairs (default 4); "
-                        "qa1-3, passkey: the sample's bytes (default 1000)")
+                        "qa1-3, passkey: the sample's bytes, or tokens with --tokenizer-from a backbone (default 1000)")
     p.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other task option, repeatable (e.g. alphabet=0123456789, predict_first=false, query=)")
     p.add_argument("--seed", type=int, default=0, help="task generation seed (default 0)")
@@ -247,7 +249,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
                        tokenizer_from=args.tokenizer_from)
     heartbeat.phase(None)
     tok = manifest["tokenizer"]
-    print(f"{args.out}: tokenizer {tok['kind']} (vocab {tok['vocab_size']})")
+    source = f" from {tok['source']}" if "source" in tok else ""  # a backbone's tokenizer.json
+    print(f"{args.out}: tokenizer {tok['kind']}{source} (vocab {tok['vocab_size']})")
     for split, entry in manifest["splits"].items():
         print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
               f"{len(entry['shards'])} shard(s)")

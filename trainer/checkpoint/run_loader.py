@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.hf_tokenizer import check_backbone_tokenizer
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.tokenizers import Tokenizer, load_tokenizer
 from memlm.models import ModelConfig, build_model
@@ -74,6 +75,7 @@ class TrainedRun:
         if self.export is not None:
             pretrained.check_data_tokenizer(self.export, manifest, folder)
         check_vocab_size(manifest, self.model_config.vocab_size)
+        check_backbone_tokenizer(manifest, self.model_config.backbone, folder)
         return folder, manifest
 
     def tokenizer(self) -> Tokenizer:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memlm.data_pipeline.hf_tokenizer import check_backbone_tokenizer
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from memlm.models import build_model
@@ -105,6 +106,7 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     `train_step()`, or `fit()`."""
     manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
     check_vocab_size(manifest, cfg.model.vocab_size)
+    check_backbone_tokenizer(manifest, cfg.model.backbone, cfg.data.path)  # a backbone's own tokenizer.json
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
