@@ -369,3 +369,29 @@ def test_a_column_no_run_has_is_left_out():
     assert "dev_ppl" in to_csv(demo).splitlines()[0]
     mixed = to_markdown([*demo, row("validated", {"valid_ppl": 6.0})])
     assert "| dev ppl | test ppl |" in mixed and "| demo-txl | txl |" in mixed
+
+
+def test_a_pretrained_backbone_run_is_a_row_as_logged():
+    """An hf_rmt run logs its inline backbone config as model.backbone_config.* params, strings like every param the
+    Tracker logs: compare reads them back typed, so the row's parameters, memory tokens and FLOPs are the model's
+    (an untied head read back as the string 'False' would be counted as tied, its table once)."""
+    import dataclasses
+
+    from memlm.models import ARCHITECTURES, build_model
+    from memlm.models.flops import flops_per_token
+    from memlm.trainer.config.run_config import RunConfig, flatten
+    from memlm.trainer.tracking.compare_runs import RunRecord
+    from memlm.trainer.tracking.compare_table import build_row, to_markdown
+    from support.models import registry_config
+
+    spec = ARCHITECTURES["hf_rmt"]
+    untied = {**dict(spec.test_settings)["backbone_config"], "tie_word_embeddings": False}
+    cfg = registry_config(spec, backbone_config=untied, backbone_train="lora", lora_rank=2, num_mem_tokens=3)
+    params = {key: str(value) for key, value in flatten(dataclasses.replace(RunConfig(), model=cfg)).items()}
+    row = build_row(RunRecord(run_id="r", name="hf_rmt-1", status="FINISHED", params=params,
+                              metrics={"test_ppl": 50.0}, tags={}))
+    assert row.note == "", row.note
+    assert row.params == sum(p.numel() for p in build_model(cfg).parameters())
+    assert (row.mem_len, row.mem_tokens) == (0, 3)
+    assert row.flops_per_token == flops_per_token(cfg)["total"]
+    assert "| hf_rmt-1 | hf_rmt |" in to_markdown([row])
