@@ -15,7 +15,7 @@ import torch
 
 from memlm.models import ARCHITECTURES, build_model
 from memlm.models.head_plan import tail_plan
-from support.models import registry_config
+from support.models import layer_fields, registry_config
 
 # `-m 'not slow'` leaves these out: torch.compile of every arch, 100 s in all on 2 busy cores
 pytestmark = pytest.mark.slow
@@ -26,8 +26,11 @@ SEGMENTS = 3
 
 
 def _config(name: str, **fields):
-    return registry_config(ARCHITECTURES[name], **{"vocab_size": 300, "cutoffs": [40, 120], "dropout": 0.0,
-                                                   "n_layer": 1, **fields})
+    """The arch's tiny model with a 300-token vocabulary; memlm's layers at one layer, with adaptive softmax tails
+    and the kernels `fields` name (a pretrained backbone has its own layers, head and attention)."""
+    spec = ARCHITECTURES[name]
+    return registry_config(spec, vocab_size=300,
+                           **layer_fields(spec, **{"cutoffs": [40, 120], "dropout": 0.0, "n_layer": 1, **fields}))
 
 
 def _graphs_per_segment(model, train: bool) -> tuple[list[int], dict]:
@@ -74,7 +77,8 @@ def test_training_step_compiles_once(name):
     assert not breaks, breaks
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+# memlm's layers' kernels: a pretrained backbone attends with its own (transformers' SDPA) and has no chunked head
+@pytest.mark.parametrize("name", sorted(name for name, spec in ARCHITECTURES.items() if spec.memlm_layers))
 def test_gpu_kernels_compile_once(name):
     torch.manual_seed(0)
     model = build_model(_config(name, attention="flex", head_loss="chunked")).eval()
