@@ -64,7 +64,9 @@ class Recorder:
     def __init__(self, model, batches):
         self.model, self.batches, self.calls = model, batches, []
         self._embeds = []
-        model.embed.register_forward_hook(lambda mod, inp, out: self._embeds.append(out))
+        # memlm's layers embed with the module model.embed, a pretrained backbone with its transformers model's own
+        embedding = model.embed if ARCHITECTURES[model.cfg.arch].memlm_layers else model.lm.get_input_embeddings()
+        embedding.register_forward_hook(lambda mod, inp, out: self._embeds.append(out))
 
     def segment_of(self, tokens) -> int:
         return next(b.index for b in self.batches if torch.equal(b.tokens, tokens))
@@ -429,7 +431,7 @@ def test_aux_loss_weight_does_not_change_with_k(mode):
             recurrence.advance()
 
 
-@pytest.mark.parametrize("arch", MEMORY_BPTT)
+@pytest.mark.parametrize("arch", ["rmt", "armt"])  # the archs whose states older memlm saved (not a newer arch's)
 @pytest.mark.parametrize("mode", ["window", "chunk"])
 def test_a_checkpoint_of_older_memlm_resumes(mode, arch):
     """Older memlm saved the models' count of BPTT transitions in RMT's and ARMT's states, and ARMT's empty
