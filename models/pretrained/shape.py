@@ -62,6 +62,16 @@ def raw_config(cfg) -> dict[str, Any]:
     return dict(cfg.backbone_config)
 
 
+def backbone_name(cfg) -> str:
+    """How a run names cfg's backbone (its MLflow tag, its export's marker): the folder as an absolute path, or
+    "inline MODEL_TYPE" for a config given inline; "" for an arch of memlm's own layers."""
+    if cfg.backbone:
+        return str(Path(cfg.backbone).resolve())
+    if cfg.backbone_config:
+        return f"inline {cfg.backbone_config.get('model_type', '')}".strip()
+    return ""
+
+
 def tokenizer_vocab(folder: str) -> int:
     """The vocabulary of the folder's tokenizer.json (its model's vocab plus the added tokens); 0 without one."""
     path = Path(folder) / "tokenizer.json"

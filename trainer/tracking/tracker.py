@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple, Optional
 from urllib.parse import urlsplit, urlunsplit
 
+from memlm.models.pretrained.shape import backbone_name
 from memlm.trainer.checkpoint.run_files import RUN_ID_FILE
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
 from memlm.trainer.runtime.quiet import prints_into_library_log, route_library_loggers
@@ -356,8 +357,10 @@ def open_run(client: Any, uri: str, cfg: TrackingConfig, run_dir: Path, config: 
     for i in range(0, len(items), MAX_BATCH_PARAMS):
         client.log_batch(run_id, params=items[i:i + MAX_BATCH_PARAMS], synchronous=True)
     revision = git_revision()
+    backbone = backbone_name(config.model)  # a pretrained backbone's folder, or "inline gpt2"
     log_tags(client, run_id, {
         "arch": str(config.model.arch),
+        **({"backbone": backbone} if backbone else {}),
         "git_revision": revision,
         "mlflow.source.git.commit": revision,  # the MLflow UI shows this one
         "run_dir": str(run_dir.resolve()),
