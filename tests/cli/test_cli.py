@@ -106,10 +106,11 @@ def test_no_command_is_a_usage_error():
 
 
 def test_the_command_line_does_not_import_heavy_packages():
-    # Building the whole parser (every command, the cluster ones included) must not load torch, DeepSpeed, Ray or
-    # MLflow: `memlm --help` stays instant and training never needs Ray (docs/design.md §1).
+    # Building the whole parser (every command, the cluster ones included) must not load torch, DeepSpeed, Ray,
+    # MLflow or the pretrained backbones' transformers and peft: `memlm --help` stays instant and training never
+    # needs Ray (docs/design.md §1).
     code = ("import sys, memlm.cli; memlm.cli.build_parser(); "
-            "heavy = [m for m in ('torch', 'deepspeed', 'ray', 'mlflow') if m in sys.modules]; "
+            "heavy = [m for m in ('torch', 'deepspeed', 'ray', 'mlflow', 'transformers', 'peft') if m in sys.modules]; "
             "assert not heavy, heavy")
     proc = run([sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stderr

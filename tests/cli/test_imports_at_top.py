@@ -5,6 +5,7 @@ when chosen, breaks a cycle, or keeps a process that never trains free of torch.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from support.import_scan import unexplained_imports
@@ -29,3 +30,21 @@ def test_an_unexplained_import_in_a_function_is_named(tmp_path):
         "def c():\n    from memlm.trainer.inference import analyze  # keeps --help torch-free\n\n\n"
         "def d():\n    import memlm.models.output\n")
     assert unexplained_imports(folder) == ["cluster/lazy.py:7", "cluster/lazy.py:12", "cluster/lazy.py:20"]
+
+
+# The modules that wrap a Hugging Face model (models/pretrained/__init__.py): the only ones of models/ that import
+# transformers or peft (issue 37: models/ imports torch alone otherwise)
+HUGGING_FACE_WRAPPERS = {"models/pretrained/loading.py", "models/pretrained/causal_lm.py", "models/pretrained/rmt.py",
+                         "models/pretrained/armt.py"}
+
+
+def test_only_the_modules_that_wrap_a_hugging_face_model_import_transformers():
+    importers = set()
+    for path in sorted((ROOT / "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            if any(name.split(".")[0] in ("transformers", "peft") for name in names):
+                importers.add(path.relative_to(ROOT).as_posix())
+    assert importers <= HUGGING_FACE_WRAPPERS, sorted(importers - HUGGING_FACE_WRAPPERS)
+    assert importers, "no module of models/ wraps a Hugging Face model any more: update HUGGING_FACE_WRAPPERS"

@@ -1,6 +1,9 @@
 """models/registry.py: the one place that knows which archs exist. Every entry builds, counts and validates through
 it alone, a new entry needs no edit elsewhere in models/, and every registered arch is under the contract tests."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -30,6 +33,24 @@ def test_an_entry_counts_its_layers_one_way(name):
     assert bool(spec.layer_flops) is spec.memlm_layers
     assert bool(spec.flops) is bool(spec.params) is (not spec.memlm_layers)
     assert spec.memlm_layers or not spec.extra_params  # params counts every parameter
+
+
+def test_every_entry_validates_without_torch():
+    """Config validation reads an entry's checks by name, torch-free; a pretrained backbone's FLOPs and parameters
+    too (read from its config: models/pretrained/shape.py and counts.py; memlm's layers count theirs in their
+    modules, with torch). A fresh process imports neither torch nor transformers or peft."""
+    code = ("import sys\n"
+            "from memlm.models import ARCHITECTURES, ModelConfig\n"
+            "from memlm.models.flops import flops_per_token, param_count\n"
+            "for spec in ARCHITECTURES.values():\n"
+            "    cache = {'mem_len': 1 if spec.mem_len == 'positive' else 0}\n"
+            "    cfg = ModelConfig(arch=spec.name, **{**cache, **dict(spec.test_settings)}).validate()\n"
+            "    if not spec.memlm_layers:\n"
+            "        assert flops_per_token(cfg)['total'] > 0 and param_count(cfg) > 0\n"
+            "heavy = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_an_unknown_arch_lists_the_registered_ones():
