@@ -14,9 +14,11 @@ from ..config import BPTT_CHOICES, BPTT_RECIPES, ConfigError, ModelConfig
 from .shape import backbone_shape
 
 BACKBONE_TRAIN = ("full", "frozen", "lora")
-# memlm's own layer keys: the backbone has its own widths, so these must stay at their defaults
+# memlm's own layers' keys (widths, positions, head, attention kernel): the backbone has its own, so these must stay
+# at their defaults (tie_weight: the backbone's tie_word_embeddings; attention: transformers' SDPA)
 OWN_WIDTH_KEYS = ("n_layer", "n_head", "d_model", "d_head", "d_inner", "d_embed", "cutoffs", "div_val", "pre_lnorm",
-                  "untie_r", "dropout", "dropatt", "clamp_len", "same_length", "init_std")
+                  "untie_r", "dropout", "dropatt", "clamp_len", "same_length", "init_std", "tie_weight", "attention",
+                  "head_loss")
 CONVERT = ("python -c \"import sys; from transformers import AutoModelForCausalLM as M; "
            "M.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[1])\" FOLDER "
            "(on a machine you trust: it unpickles)")

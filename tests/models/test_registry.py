@@ -53,6 +53,23 @@ def test_every_entry_validates_without_torch():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+# Every key of memlm's own layers, with a value other than its default
+MEMLM_LAYER_SETTINGS = dict(n_layer=3, n_head=4, d_model=48, d_head=12, d_inner=96, d_embed=16, cutoffs=[10],
+                            div_val=2, pre_lnorm=True, untie_r=True, dropout=0.1, dropatt=0.1, clamp_len=4,
+                            same_length=True, init_std=0.05, tie_weight=False, attention="eager", head_loss="full")
+
+
+@pytest.mark.parametrize("name", sorted(name for name, spec in ARCHITECTURES.items() if not spec.memlm_layers))
+@pytest.mark.parametrize("key", sorted(MEMLM_LAYER_SETTINGS))
+def test_a_pretrained_backbone_refuses_memlm_layer_keys(name, key):
+    """An arch whose layers are a pretrained backbone's would silently ignore memlm's layer keys (its widths, head
+    and attention are its config's): each is refused in one line naming it (div_val by the shared checks: it needs
+    cutoffs)."""
+    with pytest.raises(ConfigError, match=f"^model.{key} ") as refused:
+        _tiny(ARCHITECTURES[name], **{key: MEMLM_LAYER_SETTINGS[key]}).validate()
+    assert "\n" not in str(refused.value)
+
+
 def test_an_unknown_arch_lists_the_registered_ones():
     with pytest.raises(ConfigError) as err:
         ModelConfig(arch="infini").validate()
