@@ -81,6 +81,11 @@ class PretrainedCausalLM(nn.Module):
         read_memory_init."""
         return self.learned.memory_init
 
+    def save_backbone_config(self, folder) -> None:
+        """The backbone's transformers config as save_pretrained writes it (FOLDER/config.json): what `memlm export`
+        keeps, so that an export builds its backbone without the folder it was trained from."""
+        self.lm.config.save_pretrained(folder)
+
     def hidden_states(self, rows: Tensor) -> Tensor:
         """rows [B, Q, D] input embeddings -> final hidden states [B, Q, D] (after the final norm)."""
         return self.run_segment(self.run_decoder, rows)

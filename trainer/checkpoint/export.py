@@ -17,11 +17,13 @@ from pathlib import Path
 
 import torch
 
+from memlm.models.pretrained.shape import backbone_name
 from memlm.trainer.runtime import heartbeat
 
 from .model_card import eval_results, model_card
 from .pretrained import (
     ALIASES_KEY,
+    BACKBONE_DIR,
     CARD,
     CONFIG,
     DTYPES,
@@ -58,13 +60,14 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = 
 
     # The model the run trained (not the evaluation's lengths); the weights are refused when they do not fit it.
     model = run.load_model(model_config=cfg.model)
+    backbone = backbone_name(cfg.model)  # a pretrained backbone: its folder, or "inline gpt2"; "" for memlm's layers
     tensors, aliases = stored_tensors(model.state_dict(), DTYPES[dtype])
     step = run.step
     marker = {
         "format": EXPORT_FORMAT, "arch": cfg.model.arch, "dtype": dtype, "vocab_size": cfg.model.vocab_size,
         "parameters": sum(t.numel() for t in tensors.values()), "step": step, "checkpoint": ckpt.name,
         "source_run": str(run_dir.resolve()), "tokenizer": tokenizer.identity(),
-        "evaluations": eval_results(run_dir, step),
+        "evaluations": eval_results(run_dir, step), **({"backbone": backbone} if backbone else {}),
     }
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -80,6 +83,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = 
         os.umask(umask)
         os.chmod(tmp / WEIGHTS, 0o666 & ~umask)  # safetensors creates 0600; a file to hand on reads as its neighbours
         shutil.copyfile(run_dir / CONFIG, tmp / CONFIG)  # exactly what the run trained with
+        if backbone:  # what the export builds its backbone from (pretrained.backbone_overrides)
+            model.save_backbone_config(tmp / BACKBONE_DIR)
+            check_backbone_vocab(tmp / BACKBONE_DIR / "config.json", cfg.model.vocab_size)
         tokenizer.save(tmp / TOKENIZER_DIR)
         (tmp / CARD).write_text(model_card(cfg, marker, manifest, weights_bytes=(tmp / WEIGHTS).stat().st_size),
                                 encoding="utf-8")
@@ -89,6 +95,16 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, dtype: str = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def check_backbone_vocab(config: Path, vocab_size: int) -> None:
+    """An export builds its backbone from the saved config, which must then read the data's vocabulary: refuse a
+    backbone whose embedding has other rows than the data's ids (a folder whose tokenizer.json is smaller)."""
+    rows = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    if rows != vocab_size:
+        raise ExportError(f"the backbone's embedding has {rows} rows and the data's tokenizer {vocab_size} ids: memlm "
+                          "export keeps backbones whose embedding matches the data's vocabulary only; resize the "
+                          "backbone's embedding to the tokenizer (resize_token_embeddings) and fine-tune again")
 
 
 def check_out(out: Path, overwrite: bool) -> None:

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from memlm.models.pretrained.shape import backbone_shape
+
 # `memlm eval`'s file names (trainer/inference/evaluate.py); training's own passes are step{N}.json.
 _EVAL_NAME = re.compile(r"^(valid|test)-step(\d+)-tgt(\d+)-mem(\d+)\.json$")
 _KEPT = ("split", "ppl", "nll", "bpc", "tokens", "documents", "tgt_len", "mem_len", "accuracy")
@@ -42,9 +44,9 @@ def model_card(cfg, marker: dict, manifest: dict, weights_bytes: int) -> str:
         f"# {m.arch} memory language model (memlm)",
         "",
         "## Model",
-        f"- architecture: `{m.arch}`, {m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads x {m.d_head}, "
-        f"d_inner {m.d_inner}",
-        f"- segment (target) length {m.tgt_len}, memory length {m.mem_len}",
+        _architecture_line(m, marker),
+        f"- segment (target) length {m.tgt_len}, memory length {m.mem_len}"
+        + (f", {m.num_mem_tokens} memory tokens" if m.num_mem_tokens else ""),
         f"- parameters: {marker['parameters']:,} ({marker['dtype']} weights, {weights_bytes:,} bytes)",
         f"- vocabulary: {marker['vocab_size']} ids, {tok.get('kind')} tokenizer (files in `tokenizer/`)",
         "",
@@ -69,10 +71,24 @@ def model_card(cfg, marker: dict, manifest: dict, weights_bytes: int) -> str:
         "python -c 'from memlm import load_pretrained; model, tokenizer = load_pretrained(\"THIS_DIR\")'",
         "```",
         "Files: `model.safetensors` (weights), `config.yaml` (the run's config), `tokenizer/`, `memlm-export.json` "
-        "(format, arch, step, tokenizer identity). None is a pickle.",
+        "(format, arch, step, tokenizer identity)"
+        + (", `backbone/config.json` (the backbone's transformers config)" if marker.get("backbone") else "")
+        + ". None is a pickle.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _architecture_line(m, marker: dict) -> str:
+    """memlm's own layers' widths, or a pretrained backbone's (read from its config, models/pretrained/shape.py)."""
+    if not marker.get("backbone"):
+        return (f"- architecture: `{m.arch}`, {m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads x {m.d_head}, "
+                f"d_inner {m.d_inner}")
+    shape, source = backbone_shape(m), marker["backbone"]
+    source = "its config given inline" if source.startswith("inline") else f"from {source}"
+    return (f"- architecture: `{m.arch}` on a {shape.model_type} backbone ({source}; model.backbone_train "
+            f"{m.backbone_train}): {shape.n_layer} layers, width {shape.d_model}, {shape.n_head} heads, inner width "
+            f"{shape.d_inner}")
 
 
 def _evaluation_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -8,6 +8,9 @@ An export folder holds:
     model.safetensors    the weights (fp32 or bf16); a tied tensor is stored once, its other names in the metadata
     config.yaml          the run's resolved config (model, data, eval sections ...), as `memlm train` wrote it
     tokenizer/           the data's tokenizer files (tokenizer.json, spm.model for sentencepiece)
+    backbone/config.json a pretrained backbone's transformers config (archs hf, hf_rmt, hf_armt only): the model
+                         is built from it, the folder it was trained from not needed (model.safetensors holds every
+                         weight, the backbone's included)
     README.md            the model card
 Nothing in it is a pickle, so loading it runs no code. `memlm eval DIR`, `memlm generate DIR` and the other commands
 that read a trained run take such a folder as they take a run folder (run_loader.py reads both). A folder whose files
@@ -34,6 +37,7 @@ MARKER = "memlm-export.json"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
+BACKBONE_DIR = "backbone"  # BACKBONE_DIR/config.json: a pretrained backbone's transformers config
 CARD = "README.md"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ALIASES_KEY = "aliases"  # safetensors metadata: {name: stored name} for tensors tied to another (JSON)
@@ -81,10 +85,25 @@ def read_export(path: str | os.PathLike) -> ExportInfo:
     if fmt != EXPORT_FORMAT:
         raise ExportError(f"{marker_path} has format {fmt!r}; this memlm reads {EXPORT_FORMAT!r}: upgrade memlm or "
                           "export the run with this one")
-    for name in (WEIGHTS, CONFIG, TOKENIZER_DIR):
+    for name in (WEIGHTS, CONFIG, TOKENIZER_DIR) + ((f"{BACKBONE_DIR}/config.json",) if marker.get("backbone") else ()):
         if not (path / name).exists():
             raise ExportError(f"export folder {path} has no {name}: it is incomplete; {REEXPORT}")
     return info
+
+
+def backbone_overrides(path: str | os.PathLike) -> dict:
+    """The config overrides that build an export's pretrained backbone from its own BACKBONE_DIR/config.json (the
+    weights come from model.safetensors), in place of the folder or inline config the run trained with; {} for a
+    folder without one."""
+    config = Path(path) / BACKBONE_DIR / "config.json"
+    if not config.is_file():
+        return {}
+    try:
+        backbone = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{config} is not a readable transformers config ({type(exc).__name__}: {exc}); "
+                          f"{REEXPORT}") from None
+    return {"model.backbone": "", "model.backbone_config": backbone}
 
 
 def check_expected(info: ExportInfo, arch: str | None = None, vocab_size: int | None = None) -> None:

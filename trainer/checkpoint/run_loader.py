@@ -142,7 +142,8 @@ def resolve_eval_config(run_dir: Path, split: str, tgt_len, mem_len, mem_mult, c
         raise ConfigError(f"{config_path} is missing: {run_dir} is not a run folder written by `memlm train`")
     if mem_len is not None and mem_mult is not None:
         raise ConfigError(f"--mem-len {mem_len} and --mem-mult {mem_mult} are both set; give one")
-    cfg = load_config(config_path)
+    # An export's backbone is built from its own config (pretrained.backbone_overrides), not the folder trained from
+    cfg = load_config(config_path, pretrained.backbone_overrides(run_dir) if pretrained.is_export(run_dir) else {})
     overrides: dict[str, Any] = {"eval.split": split}
     if tgt_len is not None:
         overrides["eval.tgt_len"] = tgt_len
