@@ -2,7 +2,8 @@
 
 A prepared DATA_DIR holds:
     manifest.json                    written last: a folder without it is not a finished data folder
-    tokenizer/                       the tokenizer (tokenizer.json, plus spm.model for sentencepiece)
+    tokenizer/                       the tokenizer (tokenizer.json, plus spm.model for sentencepiece or
+                                     hf-tokenizer.json, a backbone's own tokenizer.json, for hf)
     {split}/{split}-{k:05d}.tar      webdataset shards, k = 0, 1, ...
 
 One webdataset sample = one document, documents in corpus order, keys:
@@ -14,9 +15,10 @@ Tar members carry mtime 0, uid/gid 0, empty owner names and mode 0o644, so the s
 
 manifest.json (sorted keys, indent 2):
     {"format": FORMAT_VERSION,
-     "corpus": {"kind": ..., "input": ...},
-     "tokenizer": {"kind": "word"|"bytes"|"spm-unigram"|"spm-bpe", "vocab_size": V, "sha256": ..., "boundary_id": id,
-                   "path": "tokenizer"},
+     "corpus": {"kind": ..., "input": ...},   a task in a backbone's tokens adds "length_unit": "tokens"
+     "tokenizer": {"kind": "word"|"bytes"|"spm-unigram"|"spm-bpe"|"hf", "vocab_size": V, "sha256": ...,
+                   "boundary_id": id, "path": "tokenizer"},   hf (a backbone's tokenizer.json, hf_tokenizer.py)
+                   adds "tokenizer_json_sha256" (of that file's bytes) and "source" (the model folder as given)
      "splits": {split: {"documents": n, "tokens": t,
                         "shards": [{"path": "train/train-00000.tar", "documents": n, "tokens": t,
                                     "first_index": i, "sha256": ..., "bytes": b}, ...]}}}
