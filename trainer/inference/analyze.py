@@ -30,11 +30,11 @@ import torch
 from memlm.data_pipeline.stream import LaneStream
 from memlm.models.attention import causal_allowed
 from memlm.models.config import ConfigError
-from memlm.models.registry import arch_spec
+from memlm.models.registry import ARCHITECTURES, arch_spec
 from memlm.models.rmt import rmt_allowed
 from memlm.models.txl import reset_valid
 from memlm.trainer.checkpoint.pretrained import is_export
-from memlm.trainer.checkpoint.run_loader import load_run
+from memlm.trainer.checkpoint.run_loader import load_run, open_run
 from memlm.trainer.runtime import heartbeat
 from memlm.trainer.runtime.process import prepare_process
 from memlm.trainer.tracking.client import open_client
@@ -226,6 +226,16 @@ def collect(model: torch.nn.Module, batches, segments: int) -> dict[str, Any]:
     return result
 
 
+def check_layers_recorded(arch: str) -> None:
+    """The statistics are recorded inside memlm's own layers (models/backbone.py); a pretrained backbone's layers
+    are a transformers model's, which records nothing: refused in one line rather than an analysis without them."""
+    if not arch_spec(arch).memlm_layers:
+        recorded = ", ".join(name for name, spec in ARCHITECTURES.items() if spec.memlm_layers)
+        raise ConfigError(f"analyze records attention inside memlm's own layers ({recorded}); arch {arch!r} runs a "
+                          "transformers backbone's layers, which record none: evaluate it with memlm eval or memlm "
+                          "longeval")
+
+
 def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int = 64, tag: str | None = None,
                 out_dir: str | os.PathLike | None = None, track: bool = True) -> dict[str, Any]:
     """Analyse RUN_DIR's checkpoint on `split`; write analysis JSON + plots; log them to the run's MLflow run.
@@ -236,6 +246,7 @@ def analyze_run(run_dir: str | os.PathLike, split: str = "test", segments: int =
     if out_dir is None and is_export(run_dir):
         raise ConfigError(f"{run_dir} is an export folder, which analyze does not write into: analyze its run "
                           "folder, or call analyze_run(DIR, out_dir=FOLDER) from Python")
+    check_layers_recorded(open_run(run_dir, tag=tag).config.model.arch)  # before the weights are read
     heartbeat.phase(f"loading the weights of {run_dir}")  # each slow step named: a line within 10 s (start_watch.py)
     model, _, run = load_run(run_dir, tag=tag)
     cfg = run.config

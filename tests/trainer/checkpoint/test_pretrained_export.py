@@ -127,3 +127,15 @@ def test_the_tracked_run_names_its_backbone(exported):
     assert run.data.tags["backbone"] == str(exported.folder.resolve()) and run.data.tags["arch"] == "hf_rmt"
     assert run.data.params["model.backbone"] == str(exported.folder)
     assert run.data.params["model.backbone_train"] == "lora"
+
+
+def test_analyze_says_in_one_line_that_a_backbones_attention_is_not_recorded(exported, tmp_path):
+    from memlm.models.config import ConfigError
+    from memlm.trainer.inference.analyze import analyze_run
+
+    with pytest.raises(ConfigError) as info:
+        analyze_run(exported.export, out_dir=tmp_path / "analysis", track=False)
+    message = str(info.value)
+    assert message.startswith("analyze records attention inside memlm's own layers (transformer, txl, ")
+    assert "arch 'hf_rmt' runs a transformers backbone's layers" in message and "\n" not in message
+    assert not (tmp_path / "analysis").exists()
