@@ -301,9 +301,8 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from memlm.trainer.config import data_vocab  # keeps --help numpy-free
-    from memlm.trainer.config.run_config import load_config  # keeps --help YAML-free
 
-    cfg, note = data_vocab.fit_to_data(load_config(args.config, args.overrides), args.config, args.overrides)
+    cfg, note = data_vocab.load_fitted(args.config, args.overrides)
     if note and os.environ.get("RANK", "0") == "0":
         print(f"memlm train: {note}", file=sys.stderr, flush=True)
     from memlm.trainer.loop.train import run  # keeps --help torch-free

@@ -193,7 +193,7 @@ def test_a_model_folder_without_tokenizer_json_is_one_line(tmp_path, backbone):
 
 
 def test_training_refuses_data_of_another_tokenizer_than_the_backbones(tmp_path, backbone, wiki_lines):
-    from memlm.trainer.config.run_config import load_config
+    from memlm.trainer.config.data_vocab import load_fitted  # the trainer (torch, deepspeed): this test only
     from memlm.trainer.loop.train import open_trainer
 
     options = {"docs": "4,1,1", "length": 120}
@@ -211,10 +211,13 @@ def test_training_refuses_data_of_another_tokenizer_than_the_backbones(tmp_path,
         check_backbone_tokenizer(words, str(backbone), tmp_path / "words")
     (other / "tokenizer.json").unlink()  # nothing to compare: models/pretrained/checks.py compares vocabularies
     check_backbone_tokenizer(own, str(other), tmp_path / "own")
-    # The trainer asks before anything is set up.
+    # memlm train takes the data's vocabulary before checking it against the backbone's (the preset says 256)...
+    overrides = ["model.backbone_config={}", f"data.path={tmp_path / 'own'}", "tracking.enabled=false"]
+    cfg, note = load_fitted("tiny/hf", [f"model.backbone={backbone}", *overrides])
+    assert cfg.model.vocab_size == 500 and note.endswith("'s hf tokenizer (tiny/hf says 256)")
+    # ...and refuses, before anything is set up, data of another tokenizer than the backbone's.
     retrained = save_backbone(tmp_path / "retrained", train_bpe(wiki_lines[100:], 500))
-    cfg = load_config("tiny/hf", [f"model.backbone={retrained}", "model.backbone_config={}", "model.vocab_size=500",
-                                  f"data.path={tmp_path / 'own'}", "tracking.enabled=false"])
+    cfg, _ = load_fitted("tiny/hf", [f"model.backbone={retrained}", *overrides])
     with pytest.raises(DataError, match=f"--tokenizer-from {re.escape(str(retrained))}"):
         open_trainer(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

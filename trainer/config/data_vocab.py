@@ -8,7 +8,8 @@ user expects of "not given":
   that differs from the data's is refused, naming both (data_pipeline.shards.check_vocab_size, before any build).
 - a shipped preset's value, the named file's or one it inherits: a default for the data it was written for. When the
   data's tokenizer has another size, the manifest's wins, in one line: `memlm train: model.vocab_size 33,278 from
-  data/wikitext-2's word tokenizer (tiny/lamemo says 256)`.
+  data/wikitext-2's word tokenizer (tiny/lamemo says 256)`. The data's size is set before the config is checked
+  (issue 37): a pretrained backbone's folder checks the size against its tokenizer.json.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 
 from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.shards import load_manifest
-from memlm.models.config import ConfigError
+from memlm.models.config import ConfigError, ModelConfig
 
 from . import presets, schema
-from .run_config import override_config
+from .run_config import apply_overrides, load_config
 
 KEY = "model.vocab_size"
 
@@ -39,19 +40,33 @@ def given(config: str | Path, overrides) -> bool:
     return isinstance(model, dict) and "vocab_size" in model
 
 
-def fit_to_data(cfg, config: str | Path, overrides) -> tuple[object, str | None]:
-    """(cfg with the data's vocabulary size when the user gave none, the line that says so, or None)."""
+def load_fitted(config: str | Path, overrides) -> tuple[object, str | None]:
+    """(the validated RunConfig of `config` and `overrides`, with the data's vocabulary size when the user gave none;
+    the line that says so, or None).
+
+    The size is set before the config is checked, not after: a pretrained backbone's folder checks model.vocab_size
+    against its own tokenizer.json (models/pretrained/checks.py), which a preset's 256 would fail before the data
+    prepared with that tokenizer (memlm prepare --tokenizer-from FOLDER) could say its size."""
+    tree = apply_overrides(schema.load_tree(presets.find(config), find_parent=presets.find), overrides)
+    path = str((tree.get("data") or {}).get("path") or "")
+    written = (tree.get("model") or {}).get("vocab_size", ModelConfig().vocab_size)
     try:
-        tokenizer = load_manifest(cfg.data.path)["tokenizer"]
+        tokenizer = load_manifest(path)["tokenizer"]
     except DataError:
-        return cfg, None  # no data yet: the run refuses it with its own line, naming data.path
+        return load_config(config, overrides), None  # no data yet: the run refuses it with its own line
     size = int(tokenizer["vocab_size"])
-    if size == cfg.model.vocab_size or given(config, overrides):
-        return cfg, None
-    source = f"{presets.name_of(presets.find(config))} says {cfg.model.vocab_size:,}"
+    if size == written or given(config, overrides):
+        return load_config(config, overrides), None
+    source = f"{presets.name_of(presets.find(config))} says {written:,}"
+    sized = {**overrides, KEY: size} if isinstance(overrides, Mapping) else [*overrides, f"{KEY}={size}"]
     try:
-        fitted = override_config(cfg, {KEY: size})
+        cfg = load_config(config, sized)
     except ConfigError as exc:  # e.g. adaptive softmax cutoffs written for the preset's vocabulary
-        raise ConfigError(f"{KEY}={size} from {cfg.data.path}'s {tokenizer['kind']} tokenizer ({source}) does not fit "
-                          f"the rest of the config: {exc}") from None
-    return fitted, f"{KEY} {size:,} from {cfg.data.path}'s {tokenizer['kind']} tokenizer ({source})"
+        try:
+            load_config(config, overrides)
+        except ConfigError as without:
+            if str(without) == str(exc):  # not the vocabulary's doing: the config's own mistake, as it is
+                raise without from None
+        raise ConfigError(f"{KEY}={size} from {path}'s {tokenizer['kind']} tokenizer ({source}) does not fit the "
+                          f"rest of the config: {exc}") from None
+    return cfg, f"{KEY} {size:,} from {path}'s {tokenizer['kind']} tokenizer ({source})"

@@ -13,8 +13,8 @@ import pytest
 from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.prepare import prepare
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
-from memlm.trainer.config.data_vocab import fit_to_data
-from memlm.trainer.config.run_config import ConfigError, load_config
+from memlm.trainer.config.data_vocab import load_fitted
+from memlm.trainer.config.run_config import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def words(tmp_path_factory):
 
 
 def fitted(config, overrides):
-    return fit_to_data(load_config(config, overrides), config, overrides)
+    return load_fitted(config, overrides)
 
 
 def test_a_presets_vocab_size_gives_way_to_the_datas(words):
