@@ -78,8 +78,11 @@ def tokenizer_vocab(folder: str) -> int:
     if not folder or not path.is_file():
         return 0
     data = json.loads(path.read_text())
-    ids = set((data.get("model") or {}).get("vocab", {}).values() if isinstance(
-        (data.get("model") or {}).get("vocab"), dict) else range(len((data.get("model") or {}).get("vocab", []))))
+    model = data.get("model")
+    if not isinstance(model, dict):  # not Hugging Face's format (memlm's own tokenizer.json names its model file)
+        return 0
+    vocab = model.get("vocab")  # BPE and WordPiece: token -> id; Unigram: [token, score] pairs, the id their place
+    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab or [])))
     ids |= {token["id"] for token in data.get("added_tokens", [])}
     return max(ids) + 1 if ids else 0
 

@@ -73,3 +73,11 @@ def test_data_with_another_tokenizers_vocabulary_is_refused(tmp_path):
     saved_gpt2(tmp_path, vocab=64)
     with pytest.raises(ConfigError, match=r"vocab_size is 50 .* reads 64 tokens: prepare the data with the backbone"):
         rmt(backbone=str(tmp_path)).validate()
+
+
+def test_a_tokenizer_json_in_memlms_own_format_is_not_read_as_the_backbones(tmp_path):
+    """memlm's tokenizer.json names its model file ("model": "spm.model"); only Hugging Face's holds a vocab."""
+    saved_gpt2(tmp_path, vocab=64)
+    (tmp_path / "tokenizer.json").write_text('{"format": "memlm-tokenizer", "model": "spm.model"}')
+    with pytest.raises(ConfigError, match=r"the backbone \S+ reads 64 tokens"):
+        rmt(backbone=str(tmp_path)).validate()
