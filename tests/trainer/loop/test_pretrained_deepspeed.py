@@ -18,6 +18,7 @@ from memlm.trainer.checkpoint.weights import load_weights
 from support.training import losses, make_data, torchrun, train_in_process
 
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")
+pytest.importorskip("transformers")  # the 'pretrained' extra: the test command installs it
 STEPS = 3
 
 

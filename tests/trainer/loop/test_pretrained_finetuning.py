@@ -21,6 +21,7 @@ from memlm.trainer.loop.train import open_trainer
 from support.training import make_data, overrides
 
 os.environ.setdefault("DEEPSPEED_TIMEOUT", "1")
+pytest.importorskip("transformers")  # the 'pretrained' extra: the test command installs it
 STEPS = 3
 
 
