@@ -441,6 +441,10 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="the export folder (new or empty)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights' precision (default fp32)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR")
+    p.add_argument("--hf-backbone", action="store_true",
+                   help="archs hf, hf_rmt, hf_armt: write DIR as the run's backbone alone, a Hugging Face folder "
+                        "(save_pretrained: config.json, model.safetensors, the data's tokenizer.json) that "
+                        "model.backbone=DIR loads; LoRA merged, the memory left out")
     p.set_defaults(run=_run_export)
 
 

@@ -162,8 +162,18 @@ def main(args) -> int:
     # DeepSpeed (imported to read the checkpoint) logs to the stdout it finds at import: keep stdout for the listing.
     heartbeat.phase(f"exporting the weights of {args.run_dir}")  # memlm/start_watch.py: a line within 10 s
     with contextlib.redirect_stdout(sys.stderr):
-        out = export_run(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)
+        if getattr(args, "hf_backbone", False):
+            from .hf_backbone_export import export_hf_backbone  # a module of its own: the backbone alone
+
+            out = export_hf_backbone(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)
+        else:
+            out = export_run(args.run_dir, args.out, dtype=args.dtype, overwrite=args.overwrite)
     heartbeat.phase(None)
+    if getattr(args, "hf_backbone", False):
+        print(f"{out}: the backbone of {args.run_dir} as a Hugging Face folder (model.backbone={out}), {args.dtype}")
+        for path in sorted(p for p in out.iterdir() if p.is_file()):
+            print(f"  {path.name}  {path.stat().st_size:,} bytes")
+        return 0
     marker = json.loads((out / MARKER).read_text())
     print(f"{out}: {marker['arch']} at step {marker['step']}, {marker['parameters']:,} parameters, {args.dtype}")
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
