@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.data_pipeline import babilong
+from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.tasks import DEFAULTS as TASK_DEFAULTS
 from memlm.data_pipeline.tasks import resolve_options
@@ -96,10 +97,15 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(set(lengths))
 
 
+def trained_manifest(run_dir: Path) -> dict:
+    """The manifest of the data the run was trained on."""
+    cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
+    return load_manifest(Path(cfg.data.path))
+
+
 def trained_corpus(run_dir: Path) -> dict:
     """The manifest's corpus entry of the data the run was trained on."""
-    cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
-    return load_manifest(Path(cfg.data.path)).get("corpus") or {}
+    return trained_manifest(run_dir).get("corpus") or {}
 
 
 def source_of(args: argparse.Namespace, first_run: Path) -> Source:
@@ -116,7 +122,10 @@ def source_of(args: argparse.Namespace, first_run: Path) -> Source:
     if args.task is not None and args.task not in LONGCTX_TASKS:
         raise ClusterError(f"--task {args.task}: the generated tasks are {', '.join(LONGCTX_TASKS)}; BABILong's "
                            "qa1..qa20 are read from its files with --babilong DIR")
-    corpus = trained_corpus(first_run)
+    manifest = trained_manifest(first_run)
+    corpus = manifest.get("corpus") or {}
+    # Data in a backbone's own tokens (its tokenizer.json): lengths count those tokens (trainer/inference/longeval.py)
+    in_tokens = (manifest.get("tokenizer") or {}).get("kind") == HF_KIND
     trained = corpus.get("task") if corpus.get("kind") == "task" else None
     task = args.task or trained
     if task not in LONGCTX_TASKS:
@@ -129,7 +138,7 @@ def source_of(args: argparse.Namespace, first_run: Path) -> Source:
     if args.background:
         options["background"] = args.background
     lengths = parse_lengths(args.lengths)
-    resolve_options(task, {**options, "length": lengths[0]})  # a bad option is one line now, not a failed task
+    resolve_options(task, {**options, "length": lengths[0]}, in_tokens=in_tokens)  # one line now, not a failed task
     return Source(task, tuple(lengths), tuple(size_label(n) for n in lengths), args.samples, args.depths, options,
                   args.seed, args.split)
 

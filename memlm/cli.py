@@ -325,7 +325,8 @@ def _add_curriculum(commands: argparse._SubParsersAction) -> None:
                         "--segments and model.tgt_len")
     p.add_argument("--segments", default="1,2,4,8", metavar="S,S,...",
                    help="segments of model.tgt_len bytes per sample at each stage, increasing (default 1,2,4,8: "
-                        "the first holds fact and question in one segment)")
+                        "the first holds fact and question in one segment); tokens of the backbone's tokenizer when "
+                        "model.backbone names a folder with a tokenizer.json")
     p.add_argument("--steps", default="3000", metavar="N|N,N,...",
                    help="the cap on a stage's optimizer steps, for every stage or one per stage (default 3000)")
     p.add_argument("--check-every", type=int, default=250, metavar="K",

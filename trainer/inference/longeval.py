@@ -7,6 +7,10 @@ likely next token is the answer's: exactly what greedy decoding after the prompt
 sample each; a sample shorter than its lane-mates is padded after its end (inputs the boundary id, targets
 ignored), which no answer token can see.
 
+A run whose data was prepared with a Hugging Face backbone's tokenizer.json (`memlm prepare --tokenizer-from FOLDER`,
+or `memlm curriculum` on a model.backbone folder that has one) is scored on samples in that tokenizer's tokens, its
+lengths counted in them (cell_docs); every other run on bytes, as it was trained.
+
 Depth: the facts of a cell's samples lie in one window [i / K, (i + 1) / K] of the background (depth 0: the start
 of the context, far from the question).
 
@@ -25,6 +29,8 @@ import numpy as np
 import torch
 
 from memlm.data_pipeline import tasks
+from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
+from memlm.data_pipeline.longctx_tokens import token_samples
 from memlm.models.output import map_memory
 from memlm.trainer.checkpoint.run_loader import load_run
 
@@ -77,12 +83,34 @@ def depth_windows(count: int) -> list[tuple[float, float]]:
 def cell_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
                  split: str) -> list:
     """`count` samples (tasks.Sample: prompt, answer) of `length` bytes with their facts in `window`."""
+    return list(tasks.generate(task, split, cell_options(task, options, length, window, count, seed)))
+
+
+def cell_options(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
+                 in_tokens: bool = False) -> dict:
+    """The resolved task options of one (length, window) cell: its own seed, its depth window, `count` samples."""
     # A seed per (length, window) cell: cells never share samples, and any cell can be rerun alone.
     cell_seed = int(np.random.SeedSequence([seed, length, int(window[0] * 1e6)]).generate_state(1)[0] % 2**31)
-    resolved = tasks.resolve_options(task, {**options, "length": length, "depth_min": window[0],
-                                            "depth_max": window[1], "seed": cell_seed,
-                                            "docs": {"train": 1, "valid": count, "test": count}})
-    return list(tasks.generate(task, split, resolved))
+    return tasks.resolve_options(task, {**options, "length": length, "depth_min": window[0], "depth_max": window[1],
+                                        "seed": cell_seed, "docs": {"train": 1, "valid": count, "test": count}},
+                                 in_tokens=in_tokens)
+
+
+def cell_docs(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int, split: str,
+              tokenizer) -> tuple[list[tuple[np.ndarray, int]], list[tuple[str, str]]]:
+    """(docs as the scorer reads them, (prompt, answer) texts) of one cell. In a backbone's tokens (a tokenizer of
+    kind hf: the run's data was prepared with its model folder's tokenizer.json) `length` counts those tokens and a
+    doc is encode(prompt) + encode(SEP) + encode(answer), as the run trained on (data_pipeline/longctx_tokens.py);
+    otherwise bytes, the samples of cell_samples."""
+    if tokenizer.kind != HF_KIND:
+        cell = cell_samples(task, options, length, window, count, seed, split)
+        return [as_doc(s) for s in cell], [(s.prompt, s.answer) for s in cell]
+    resolved = cell_options(task, options, length, window, count, seed, in_tokens=True)
+    docs, pairs = [], []
+    for prompt, answer, prompt_ids, sep_ids, answer_ids in token_samples(task, split, resolved, tokenizer):
+        docs.append((np.concatenate([prompt_ids, sep_ids, answer_ids]).astype(np.int64), len(answer_ids)))
+        pairs.append((prompt, answer))
+    return docs, pairs
 
 
 def task_samples(task: str, options: dict, length: int, window: tuple[float, float], count: int, seed: int,
@@ -105,18 +133,18 @@ def load_for_eval(run_dir: str | os.PathLike) -> tuple[torch.nn.Module, Any, Any
 
 def evaluate_length(run_dir: str | os.PathLike, task: str, options: dict, length: int, depths: int, samples: int,
                     seed: int = 0, split: str = "test", lanes: int | None = None) -> dict[str, Any]:
-    """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes, with
-    the baselines of a reader that does not learn on the same samples (longeval_baselines.py)."""
+    """The run's latest checkpoint on `samples` samples of each of `depths` depth windows at `length` bytes (tokens
+    of the run's backbone tokenizer when its data was prepared with one: cell_docs), with the baselines of a reader
+    that does not learn on the same samples (longeval_baselines.py)."""
     model, tokenizer, cfg, step, device = load_for_eval(run_dir)
     labels, chance = task_labels_and_chance(task, options)
     rows = []
     for window in depth_windows(depths):
-        cell = cell_samples(task, options, length, window, samples, seed, split)
-        right = answer_correct(model, [as_doc(s) for s in cell], lanes=lanes or cfg.data.eval_lanes,
-                               boundary_id=tokenizer.boundary_id, device=device)
+        docs, pairs = cell_docs(task, options, length, window, samples, seed, split, tokenizer)
+        right = answer_correct(model, docs, lanes=lanes or cfg.data.eval_lanes, boundary_id=tokenizer.boundary_id,
+                               device=device)
         rows.append({"depth_min": window[0], "depth_max": window[1], "samples": len(right),
-                     "accuracy": sum(right) / len(right),
-                     "baselines": baselines(task, [(s.prompt, s.answer) for s in cell], labels, chance)})
+                     "accuracy": sum(right) / len(right), "baselines": baselines(task, pairs, labels, chance)})
     total = sum(r["samples"] for r in rows)
     mcfg = model.cfg
     return {"task": task, "length": length, "split": split, "seed": seed, "tgt_len": mcfg.tgt_len,

@@ -22,6 +22,11 @@ A stage ends when its held-out answers are learned, on a plateau, or at the cap 
 the reason and the step are printed and kept in RUN_DIR/curriculum_stage.json, the checks in
 RUN_DIR/curriculum_checks.jsonl, and every stage's record in OUT/curriculum.json.
 
+On a pretrained backbone whose model.backbone folder has its own tokenizer.json, the stages' samples are made in its
+tokens (`memlm prepare --tokenizer-from FOLDER`, data_pipeline/longctx_tokens.py): "bytes" above reads "tokens",
+model.vocab_size is the tokenizer's unless given (backbone_tokens), and a first stage too short for the story is
+refused from its first sample (the byte floor says nothing of tokens). Any other model keeps bytes.
+
 Folders under --out: data/<task>-<S>seg (the stage's corpus, prepared once) and stage<k>-<S>seg (a run folder like
 any other: `memlm eval`, `memlm longeval`, `memlm compare` read it). Rerunning the command skips finished stages
 and resumes an interrupted one, so a crash costs at most the steps since its last check.
@@ -35,16 +40,20 @@ from typing import Any
 
 from memlm.data_pipeline import longctx
 from memlm.data_pipeline.format import SPLITS, DataError
+from memlm.data_pipeline.longctx_tokens import token_samples
 from memlm.data_pipeline.prepare import prepare
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.tasks import resolve_options
-from memlm.models.config import ConfigError
+from memlm.data_pipeline.tokenizers import load_tokenizer
+from memlm.models.config import ConfigError, ModelConfig
+from memlm.models.pretrained.shape import tokenizer_vocab
 from memlm.models.registry import arch_spec
 from memlm.trainer.checkpoint.store import read_latest, step_of
-from memlm.trainer.config.run_config import load_config
+from memlm.trainer.config import data_vocab, presets, schema
+from memlm.trainer.config.run_config import apply_overrides, load_config
 from memlm.trainer.runtime import heartbeat
 
-from .curriculum_samples import describe, read_split, stage_options, summary_line
+from .curriculum_samples import describe, read_split, sample_tokenizer, stage_options, summary_line
 from .curriculum_stop import StageCheck, StopRule, stage_record
 from .preemption import Preempted
 from .train import run
@@ -95,7 +104,27 @@ def parse_docs(text: str) -> dict[str, int]:
     return dict(zip(SPLITS, counts))
 
 
-def check_arguments(task: str, task_options: dict[str, Any], segments: list[int], tgt_len: int) -> None:
+def backbone_tokens(config: str, overrides: list[str]) -> tuple[list[str], str | None, str | None]:
+    """(overrides, the tokenizer folder, a note) for a curriculum whose model.backbone folder has its own
+    tokenizer.json: the stages' data is prepared with it (`memlm prepare --tokenizer-from FOLDER`), every length
+    counted in its tokens, and model.vocab_size is its vocabulary unless the user gave one (as `memlm train` takes
+    the data's: trainer/config/data_vocab.py; a preset's 256 for bytes would be refused by the folder's check).
+    (overrides, None, None) otherwise: bytes, as always."""
+    tree = apply_overrides(schema.load_tree(presets.find(config), find_parent=presets.find), overrides)
+    folder = str((tree.get("model") or {}).get("backbone") or "")
+    vocab = tokenizer_vocab(folder) if folder else 0  # 0: no tokenizer.json, or not Hugging Face's
+    if not vocab:
+        return overrides, None, None
+    written = (tree.get("model") or {}).get("vocab_size", ModelConfig().vocab_size)
+    if vocab == written or data_vocab.given(config, overrides):
+        return overrides, folder, None
+    note = (f"model.vocab_size {vocab:,} from {folder}'s tokenizer.json ({presets.name_of(presets.find(config))} "
+            f"says {written:,})")
+    return [*overrides, f"model.vocab_size={vocab}"], folder, note
+
+
+def check_arguments(task: str, task_options: dict[str, Any], segments: list[int], tgt_len: int,
+                    in_tokens: bool = False) -> None:
     """What a stage's data would refuse, refused before anything is prepared or trained, in this command's own
     options (--segments, --background, --task-option, model.tgt_len; issue 32: the task's own message named
     --task-length, which curriculum does not have, and the refusal came after OUT/data/ was made)."""
@@ -115,6 +144,8 @@ def check_arguments(task: str, task_options: dict[str, Any], segments: list[int]
         resolved = resolve_options(task, {**task_options, "length": 1 << 30})
     except DataError as exc:
         raise ConfigError(f"curriculum: {exc}") from None
+    if in_tokens:  # the floor is in bytes: a backbone's tokens are checked on stage 0's first sample (first_sample)
+        return
     shortest = longctx.min_length(task, resolved)
     first = segments[0] * tgt_len
     if first < shortest:
@@ -125,6 +156,16 @@ def check_arguments(task: str, task_options: dict[str, Any], segments: list[int]
             f"{segments[0]} x model.tgt_len {tgt_len}, is {first}: give model.tgt_len="
             f"{-(-shortest // segments[0])} or more (one segment then holds the whole sample), start --segments at "
             f"{-(-shortest // tgt_len)}, or give fewer {fewer} (--task-option {fewer}=N)")
+
+
+def first_sample(task: str, options: dict, tokenizer, count: int, tgt_len: int) -> None:
+    """Stage 0's first sample drawn in the backbone's tokens, before anything is made: a length too short for the
+    story is one line in this command's terms (the generator's own names --task-length)."""
+    try:
+        next(token_samples(task, "valid", {**options, "docs": {**options["docs"], "valid": 1}}, tokenizer))
+    except DataError as exc:
+        raise ConfigError(f"curriculum stage 0 ({count} segment(s) of {tgt_len} tokens): {exc} (here the length is "
+                          "--segments x model.tgt_len: give a larger model.tgt_len)") from None
 
 
 def stage_overrides(arch: str, count: int) -> list[str]:
@@ -174,9 +215,13 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
     Every stage's options and config are checked before the first one starts: a refused command leaves nothing."""
     for rule in rules:
         rule.validate()
+    overrides, tokenizer_from, note = backbone_tokens(config, overrides)
+    if note:
+        print(f"curriculum: {note}", flush=True)
     base = load_config(config, overrides)
     N = base.model.tgt_len
-    check_arguments(task, task_options, segments, N)
+    in_tokens = tokenizer_from is not None
+    check_arguments(task, task_options, segments, N, in_tokens)
     split_docs = parse_docs(docs)
     if split_docs["valid"] < rules[0].samples:
         print(f"curriculum: {split_docs['valid']} valid samples per stage, fewer than --check-samples "
@@ -184,9 +229,11 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
     stages = []
     for k, ((count, data, run_dir), rule) in enumerate(zip(stage_folders(out, task, segments), rules)):
         try:
-            options = stage_options(task, {**task_options, "docs": split_docs, "seed": seed}, count, N)
+            options = stage_options(task, {**task_options, "docs": split_docs, "seed": seed}, count, N, in_tokens)
         except DataError as exc:  # what check_arguments cannot foresee, still before anything is made
             raise ConfigError(f"curriculum stage {k} ({count} segment(s) of {N}): {exc}") from None
+        if in_tokens and k == 0:
+            first_sample(task, options, load_tokenizer(Path(tokenizer_from)), count, N)
         stage = [*stage_overrides(base.model.arch, count), *whole_samples_validated(base.train.eval_batches, count),
                  *overrides, f"data.path={data}",
                  f"train.steps={rule.steps}", f"train.eval_every={rule.check_every}",
@@ -198,7 +245,7 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
     runs, records = [], []
     for k, (count, data, run_dir, options, cfg, rule) in enumerate(stages):
         record = run_stage(k, count, data, run_dir, options, cfg, task=task, rule=rule,
-                           previous=runs[-1] if runs else None)
+                           previous=runs[-1] if runs else None, tokenizer_from=tokenizer_from)
         runs.append(run_dir)
         records.append({"stage": k, "segments": count, "run_dir": str(run_dir), **record})
         out.mkdir(parents=True, exist_ok=True)
@@ -208,16 +255,18 @@ def run_curriculum(config: str, overrides: list[str], *, out: Path, task: str, t
 
 
 def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg, *, task: str, rule: StopRule,
-              previous: Path | None) -> dict:
-    """One stage: its data (prepared once, read back and described), its training to the stop, its record."""
+              previous: Path | None, tokenizer_from: str | None = None) -> dict:
+    """One stage: its data (prepared once, read back and described), its training to the stop, its record.
+    tokenizer_from: the backbone folder whose tokenizer.json the data is prepared with (None: bytes)."""
     N, label = cfg.model.tgt_len, f"stage {k} ({count} segment(s) of {cfg.model.tgt_len})"
+    unit = "tokens" if tokenizer_from else "bytes"
     done = finished(run_dir, rule)
     if done is not None:
         print(f"curriculum: {label} finished earlier at step {done['step']:,} ({done['stop']}): {run_dir}",
               flush=True)
         return done
     resume = (run_dir / "checkpoints").is_dir()
-    print(f"curriculum: {label}: samples of {options['length']:,} bytes, {describe_step(cfg, count)}; ends when "
+    print(f"curriculum: {label}: samples of {options['length']:,} {unit}, {describe_step(cfg, count)}; ends when "
           f"learned (held-out accuracy >= {100 * rule.target:g}%)"
           f"{f', on a plateau from step {rule.min_steps:,}' if rule.min_steps < rule.steps and not rule.fixed else ''}"
           f" or at {rule.steps:,} steps"
@@ -226,8 +275,9 @@ def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg,
     heartbeat.said()
     if not (data / "manifest.json").is_file():
         heartbeat.phase(f"preparing stage {k}'s data ({options['docs']['train']:,} {task} samples of "
-                        f"{options['length']:,} bytes) in {data}")
-        prepare("task", None, data, task=task, task_options=options, workers=1, progress=False)
+                        f"{options['length']:,} {unit}) in {data}")
+        prepare("task", None, data, task=task, task_options=options, workers=1, progress=False,
+                tokenizer_from=tokenizer_from)
         heartbeat.phase(None)
     manifest = load_manifest(data)  # a broken corpus is one line here, not a failed stage
     made_with = manifest.get("corpus", {}).get("options")
@@ -235,8 +285,8 @@ def run_stage(k: int, count: int, data: Path, run_dir: Path, options: dict, cfg,
         changed = sorted(key for key in set(made_with) | set(options) if made_with.get(key) != options.get(key))
         raise ConfigError(f"{data} was prepared with other task options ({', '.join(changed)}): remove it, or give "
                           "another --out")
-    summary = describe(task, read_split(data, "train"), N)
-    print(f"curriculum: {label} data: {summary_line(summary, count)}", flush=True)
+    summary = describe(task, read_split(data, "train"), N, sample_tokenizer(data))
+    print(f"curriculum: {label} data: {summary_line(summary, count, unit)}", flush=True)
     check = StageCheck(rule, run_dir, read_split(data, "valid"), boundary_id=int(manifest["tokenizer"]["boundary_id"]),
                        label=label)
     tag = read_latest(run_dir / "checkpoints")

@@ -14,6 +14,10 @@ asked person's last mention (the start of their last move: the background never 
 qa3 rest on several facts and are not measured. Positions are read as training reads a document: inputs
 [boundary] + doc[:-1], so byte i is an input at position i + 1 and the answer's first byte is predicted at its own
 index; position p is in segment p // tgt_len.
+
+In a backbone's tokens (the curriculum's model.backbone folder has its tokenizer.json: data_pipeline/
+longctx_tokens.py) every length above counts those tokens, not bytes, and a sample's ids are the encodings of its
+prompt, SEP and answer end to end: read_sample decodes them and finds the fact's token from its text.
 """
 
 from __future__ import annotations
@@ -25,24 +29,34 @@ from pathlib import Path
 import numpy as np
 
 from memlm.data_pipeline import longctx
+from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
 from memlm.data_pipeline.shard_source import ShardSource
+from memlm.data_pipeline.shards import load_manifest
+from memlm.data_pipeline.tasks import SEP as SEP_TEXT
 from memlm.data_pipeline.tasks import resolve_options
+from memlm.data_pipeline.tokenizers import load_tokenizer
 
 SEP = ord(">")  # data_pipeline/tasks.py's start-to-generate token, as a byte
 STORY_START = 4  # from S = 2 on, the story starts within the first 1 / STORY_START of the first segment
 
 
-def stage_options(task: str, options: dict, segments: int, tgt_len: int) -> dict:
+def stage_options(task: str, options: dict, segments: int, tgt_len: int, in_tokens: bool = False) -> dict:
     """The task options of an S-segment stage (resolved: every default filled in and checked; DataError when the
-    generator refuses them)."""
+    generator refuses them). in_tokens: lengths count a backbone tokenizer's tokens (data_pipeline/
+    longctx_tokens.py)."""
     length = segments * tgt_len
     staged = {**options, "length": length}
     if segments > 1 and "depth_min" not in options and "depth_max" not in options:
-        # The least background a sample of these options can have: the longest story leaves the least room.
-        floor = longctx.min_length(task, resolve_options(task, {**options, "length": length}))
-        background = max(length - floor + 2, 1)
+        if in_tokens:
+            # The story's floor is in bytes, the length in tokens: the background is taken as the whole sample, so
+            # the window is narrower than in bytes (the story starts earlier), never wider.
+            background = length
+        else:
+            # The least background a sample of these options can have: the longest story leaves the least room.
+            floor = longctx.min_length(task, resolve_options(task, {**options, "length": length}))
+            background = max(length - floor + 2, 1)
         staged["depth_min"], staged["depth_max"] = 0.0, min(1.0, (tgt_len / STORY_START) / background)
-    return resolve_options(task, staged)
+    return resolve_options(task, staged, in_tokens=in_tokens)
 
 
 def fact_start(task: str, prompt: str, answer: str) -> int | None:
@@ -79,16 +93,57 @@ def read_split(data_dir: str | Path, split: str) -> list[tuple[np.ndarray, int]]
     return out
 
 
-def describe(task: str, samples: list[tuple[np.ndarray, int]], tgt_len: int) -> dict:
-    """Lengths, segments per sample and segments between fact and answer, counted over `samples`."""
-    lengths, spans = [], Counter()
-    for tokens, answer_len in samples:
+def sample_tokenizer(data_dir: str | Path):
+    """The tokenizer a task corpus was prepared with when it is a backbone's (kind hf), else None: bytes, whose ids
+    are the sample's bytes (read_sample's fast path)."""
+    manifest = load_manifest(data_dir)
+    if manifest.get("tokenizer", {}).get("kind") != HF_KIND:
+        return None
+    return load_tokenizer(Path(data_dir) / manifest["tokenizer"].get("path", "tokenizer"))
+
+
+def read_sample(task: str, tokens: np.ndarray, answer_len: int, tgt_len: int,
+                tokenizer=None) -> tuple[str, str, int | None]:
+    """(prompt, answer, segments from fact to answer or None) of one sample as read_split gives it. tokenizer: a
+    backbone's (sample_tokenizer), whose samples are encode(prompt) + encode(SEP) + encode(answer)
+    (data_pipeline/longctx_tokens.py); None: bytes. The fact is found in the text (fact_start) and placed at the
+    token that holds its first character."""
+    if tokenizer is None:
         text = bytes(tokens.astype(np.uint8)).decode("ascii")
         prompt, answer = text[:len(text) - answer_len - 1], text[len(text) - answer_len:]
-        lengths.append(len(tokens))
         fact = fact_start(task, prompt, answer)
-        if fact is not None:
-            spans[segments_apart(fact, len(prompt) + 1, tgt_len)] += 1
+        return prompt, answer, None if fact is None else segments_apart(fact, len(prompt) + 1, tgt_len)
+    answer_first = len(tokens) - answer_len
+    prompt_ids = tokens[:answer_first - len(tokenizer.encode(SEP_TEXT))]
+    prompt, answer = tokenizer.decode(prompt_ids), tokenizer.decode(tokens[answer_first:])
+    fact = fact_start(task, prompt, answer)
+    if fact is None:
+        return prompt, answer, None
+    return prompt, answer, segments_apart(token_at(prompt_ids, fact, tokenizer), answer_first, tgt_len)
+
+
+def token_at(ids: np.ndarray, char: int, tokenizer) -> int:
+    """The index of the token of `ids` whose decoded text holds character `char`: the most tokens whose decoded
+    prefix ends at or before it (a binary search; prefixes decode to longer texts as they grow)."""
+    low, high = 0, len(ids)  # decode(ids[:low]) ends at or before char; ids[:high] past it (or every id)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if len(tokenizer.decode(ids[:mid])) <= char:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def describe(task: str, samples: list[tuple[np.ndarray, int]], tgt_len: int, tokenizer=None) -> dict:
+    """Lengths, segments per sample and segments between fact and answer, counted over `samples` (tokenizer: see
+    read_sample)."""
+    lengths, spans = [], Counter()
+    for tokens, answer_len in samples:
+        lengths.append(len(tokens))
+        apart = read_sample(task, tokens, answer_len, tgt_len, tokenizer)[2]
+        if apart is not None:
+            spans[apart] += 1
     segments = Counter(-(-n // tgt_len) for n in lengths)
     return {"samples": len(samples), "tgt_len": tgt_len,
             "length": {"min": min(lengths), "median": float(np.median(lengths)), "max": max(lengths)},
@@ -96,11 +151,11 @@ def describe(task: str, samples: list[tuple[np.ndarray, int]], tgt_len: int) -> 
             "fact_segments_apart": {str(k): spans[k] for k in sorted(spans)}}
 
 
-def summary_line(summary: dict, segments: int) -> str:
-    """One line: the achieved lengths and how many samples are what the stage asked for."""
+def summary_line(summary: dict, segments: int, unit: str = "bytes") -> str:
+    """One line: the achieved lengths (in `unit`) and how many samples are what the stage asked for."""
     n, length = summary["samples"], summary["length"]
     exact = summary["segments"].get(str(segments), 0)
-    line = (f"{n:,} samples of {length['min']:,}-{length['max']:,} bytes (median {length['median']:g}); "
+    line = (f"{n:,} samples of {length['min']:,}-{length['max']:,} {unit} (median {length['median']:g}); "
             f"{exact:,} ({100 * exact / max(n, 1):.0f}%) span {segments} segment(s) of {summary['tgt_len']}")
     spans = summary["fact_segments_apart"]
     if spans:
