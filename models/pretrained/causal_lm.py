@@ -102,6 +102,10 @@ class PretrainedCausalLM(nn.Module):
 
     def predict(self, hidden: Tensor, targets: Tensor | None, return_logits: bool) -> tuple:
         """hidden [B, N, D] -> (nll [B, N] or None, log-probabilities [B, N, V] or None), in float32 at least."""
+        if targets is None and not return_logits:
+            # a segment window BPTT replays: only its memory is read, so the head is not run (it was, and thrown
+            # away: a third of a replay's forward at bench_pretrained_memory.py's cpu shape)
+            return None, None
         logits = self.lm.get_output_embeddings()(hidden)  # [B, N, V]
         logp = F.log_softmax(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), dim=-1)
         nll = None
