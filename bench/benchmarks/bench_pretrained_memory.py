@@ -10,8 +10,9 @@ The backbone is a transformers GPT-2 built from its config inline (`model.backbo
 memory do not depend on training; nothing downloaded), dropout 0, trained in full (model.backbone_train: full; the
 optimizer is left out of a step: it costs the same with or without memory). Profiles: `cpu` a GPT-2 of 6 layers,
 width 256, 4 heads x 64, 8,192 tokens, B = 4 lanes of N = 128 tokens, R = 4 memory tokens (2R / N as at the `gpu`
-shape), fp32; `gpu` GPT-2 small's shape (12 layers, width 768, 12 heads, 1,024 positions, 50,257 tokens, 124M
-parameters), B = 8, N = 512, R = 16, ARMT's assoc_dim 64, bf16 autocast; `smoke` a 2-layer width-32 GPT-2 (CI).
+shape), fp32, one thread (two on a busy 2-core machine made a step 10x slower: bench/README.md); `gpu` GPT-2
+small's shape (12 layers, width 768, 12 heads, 1,024 positions, 50,257 tokens, 124M parameters), B = 8, N = 512,
+R = 16, ARMT's assoc_dim 64, bf16 autocast; `smoke` a 2-layer width-32 GPT-2 (CI).
 
 A memory arch's step is the trainer's own: trainer/loop/recurrence.py's window BPTT (make_recurrence, step, the
 backward of its loss, advance), so at model.bptt_depth = k a step forwards k + 1 segments (the last k replayed with
@@ -86,7 +87,7 @@ PROFILES = {
     "cpu": Profile(
         backbone={"model_type": "gpt2", "n_layer": 6, "n_embd": 256, "n_head": 4, "n_positions": 512, **NO_DROPOUT},
         vocab=8192, lanes=4, seg_len=128, mem_tokens=4, assoc_dim=16, depths=(1, 2, 4, 8), repeats=5, warmup=1,
-        device="cpu", dtype="fp32", threads=2),
+        device="cpu", dtype="fp32", threads=1),
     "gpu": Profile(  # GPT-2 small's shape
         backbone={"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024,
                   **NO_DROPOUT},
@@ -292,8 +293,9 @@ def build_cases(profile: Profile, depths: tuple[int, ...], device) -> list[Case]
 
 
 def overhead(cases: dict[str, Case], profile: Profile) -> dict:
-    """Each memlm arch's 1-segment step against the bare backbone's, with what the rows and FLOPs predict."""
-    bare = cases["bare"]
+    """Each memlm arch's 1-segment step against the bare backbone's, with what the rows and FLOPs predict, and the
+    memory archs' against memlm's hf (the same wrapper without memory: the memory's own share)."""
+    bare, hf = cases["bare"], cases["hf k=0"]
     bare_flops = flops_per_token(model_config(profile, "hf"))["total"]
     rows = {"hf": profile.seg_len, "hf_rmt": profile.seg_len + 2 * profile.mem_tokens,
             "hf_armt": profile.seg_len + profile.mem_tokens}
@@ -304,6 +306,7 @@ def overhead(cases: dict[str, Case], profile: Profile) -> dict:
         out[arch] = {
             "step_ratio_paired": ratio,
             "step_ratio_medians": statistics.median(case.times) / statistics.median(bare.times),
+            "step_ratio_over_hf_paired": paired_ratio(case.times, hf.times),
             "rows_ratio": rows[arch] / profile.seg_len,
             "fwd_flops_ratio": flops_per_token(model_config(profile, arch))["total"] / bare_flops,
             "target": TARGET_OVERHEAD, "target_met": ratio <= TARGET_OVERHEAD,
@@ -362,15 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     start = time.perf_counter()
     cases = build_cases(profile, profile.depths, device)
+    progress(start, f"{len(cases)} cases built")
     for case in cases:  # untimed: fill each window, then --warmup more
         for _ in range(case.depth + profile.warmup):
             run_step(case, profile, device)
+    progress(start, "warmed up")
     loads = []
-    for _ in range(profile.repeats):
+    for r in range(profile.repeats):
         for case in cases:
             case.times.append(timed_step(case, profile, device))
         loads.append(load_average()[0])
+        progress(start, f"round {r + 1}/{profile.repeats} timed")
     measure_memory(cases, profile, device)
+    progress(start, "memory measured")
     by_name = {case.name: case for case in cases}
     tokens = profile.lanes * profile.seg_len
     rows = []
@@ -402,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def progress(start: float, what: str) -> None:
+    print(f"[{time.perf_counter() - start:6.0f} s, load {load_average()[0]:.2f}] {what}", flush=True)
+
+
 def print_table(result: dict) -> None:
     MiB = 2 ** 20
     print(f"{'case':24s} {'step ms':>9s} {'held MiB':>9s} {'peak MiB':>9s}")
@@ -410,8 +421,9 @@ def print_table(result: dict) -> None:
               f"{row['peak_bytes'] / MiB:9.1f}")
     for arch, row in result["overhead_at_one_segment"].items():
         verdict = "met" if row["target_met"] else "NOT met"
-        print(f"{arch} 1 segment / bare: {row['step_ratio_paired']:.3f}x (rows {row['rows_ratio']:.3f}x, forward "
-              f"FLOPs {row['fwd_flops_ratio']:.3f}x; target {row['target']}x {verdict})")
+        print(f"{arch} 1 segment / bare: {row['step_ratio_paired']:.3f}x, / hf {row['step_ratio_over_hf_paired']:.3f}x "
+              f"(rows {row['rows_ratio']:.3f}x, forward FLOPs {row['fwd_flops_ratio']:.3f}x; target {row['target']}x "
+              f"{verdict})")
 
 
 if __name__ == "__main__":
