@@ -57,6 +57,9 @@ def test_the_overhead_is_read_beside_the_rows_each_memory_adds(smoke):
     for arch, row in smoke["overhead_at_one_segment"].items():
         assert row["rows_ratio"] == rows[arch] / N
         assert row["step_ratio_paired"] > 0 and row["target_met"] == (row["step_ratio_paired"] <= 1.15)
+    one_segment = [row for row in smoke["cases"] if row["bptt_depth"] == 0 and not row["segment_checkpointing"]]
+    assert sorted(row["name"] for row in one_segment) == ["bare", "hf k=0", "hf_armt k=0", "hf_rmt k=0"]
+    assert all(len(row["overhead_step_s"]) == cfg["overhead_rounds"] for row in one_segment)
     assert smoke["overhead_at_one_segment"]["hf"]["fwd_flops_ratio"] == 1.0
     assert min(smoke["overhead_at_one_segment"][arch]["fwd_flops_ratio"] for arch in ("hf_rmt", "hf_armt")) > 1
 
