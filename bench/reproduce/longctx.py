@@ -99,19 +99,38 @@ PROFILES = {
 def one_run(arch: str, task: str, *, profile: str, work: Path, uri: str, background: Path) -> dict:
     """Train (arch, task) through the curriculum and score its stages; returns the evaluation."""
     spec = PROFILES[profile]
-    name = f"{arch}-{task}"
+    return curriculum_run(arch, task, spec=spec, preset=PRESET, overrides=spec["overrides"] + ARCHS[arch] + [
+        f"tracking.uri={uri}", "tracking.experiment=memlm-reproduce-longctx"], work=work, background=background)
+
+
+def curriculum_run(arch: str, task: str, *, spec: dict, preset: Path, overrides: list[str], work: Path,
+                   background: Path, name: str | None = None) -> dict:
+    """`memlm curriculum PRESET OVERRIDES` on TASK with the profile SPEC's stages and stop rule into
+    WORK/runs/NAME, then its evaluation (evaluate_curriculum); a finished one is read back (also the experiment of
+    bench/reproduce/pretrained_longctx.py)."""
+    name = name or f"{arch}-{task}"
     out, log, result = work / "runs" / name, work / "logs" / f"{name}.log", work / "eval" / f"{name}.json"
     if result.is_file():
         RUNS.skip(name)
         return {"arch": arch, "task": task, "skipped": True, **with_records(read_json(result), out)}
     RUNS.start(name, f"curriculum over {spec['segments']} segments, at most {spec['steps']} steps a stage, then "
                      "the test samples of every stage")
-    overrides = spec["overrides"] + ARCHS[arch] + [f"tracking.uri={uri}", "tracking.experiment=memlm-reproduce-longctx"]
-    seconds = memlm(["curriculum", str(PRESET), *overrides, "--task", task, *TASKS[task],
-                     *(["--background", str(background)] if task != "passkey" else []), "--segments",
-                     spec["segments"], "--steps", spec["steps"], "--check-every", str(spec["check_every"]),
-                     "--check-samples", str(spec["check_samples"]), "--patience", str(spec["patience"]),
-                     "--min-steps", spec["min_steps"], "--docs", spec["docs"], "--out", str(out)], log, name=name)
+    seconds = memlm(["curriculum", str(preset), *overrides, "--task", task, *TASKS[task],
+                     *curriculum_flags(spec, task, background), "--out", str(out)], log, name=name)
+    return evaluate_curriculum(arch, task, out, log, result, seconds, name)
+
+
+def curriculum_flags(spec: dict, task: str, background: Path, **stage: str) -> list[str]:
+    """The curriculum's options of profile SPEC (STAGE replaces --segments, --steps or --min-steps)."""
+    flags = {"segments": spec["segments"], "steps": spec["steps"], "min_steps": spec["min_steps"], **stage}
+    return [*(["--background", str(background)] if task != "passkey" else []), "--segments", flags["segments"],
+            "--steps", flags["steps"], "--check-every", str(spec["check_every"]), "--check-samples",
+            str(spec["check_samples"]), "--patience", str(spec["patience"]), "--min-steps", flags["min_steps"],
+            "--docs", spec["docs"]]
+
+
+def evaluate_curriculum(arch: str, task: str, out: Path, log: Path, result: Path, seconds: float, name: str) -> dict:
+    """Score the stages of curriculum folder OUT (longctx_eval.py, a child process) into RESULT; its row."""
     with open(log, "a") as handle:
         command = [sys.executable, str(Path(__file__).with_name("longctx_eval.py")), str(out), "--json", str(result)]
         handle.write(f"$ {' '.join(command)}\n")
@@ -203,7 +222,7 @@ def markdown(results: dict[str, list[dict]], labels: dict[str, str] = LABELS) ->
     return "\n".join(lines)
 
 
-def plot(task: str, runs: list[dict], path: Path) -> Path:
+def plot(task: str, runs: list[dict], path: Path, labels: dict[str, str] = LABELS) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,7 +232,7 @@ def plot(task: str, runs: list[dict], path: Path) -> Path:
     segments = [row["segments"] for row in runs[0]["stages"]]
     for run in runs:
         ax.plot(segments, [100 * row["own"]["accuracy"] for row in run["stages"]], marker="o",
-                label=LABELS[run["arch"]])
+                label=labels[run["arch"]])
     for (name, label), style in zip(BASELINE_LABELS.items(), (":", "--", "-.", (0, (1, 4)))):
         if name in runs[0]["stages"][0]["baselines"]:
             ax.plot(segments, [100 * row["baselines"][name] for row in runs[0]["stages"]], linestyle=style,
