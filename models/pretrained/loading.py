@@ -6,6 +6,8 @@ that is not a causal LM).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -17,6 +19,10 @@ def _transformers():
     import transformers
 
     transformers.logging.set_verbosity_error()  # its advice on generation settings memlm does not use
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars: a load here takes well under a second
+    # peft 0.21 asks the model is_gradient_checkpointing, which transformers 5.24 deprecates: the libraries' own
+    # exchange, nothing a memlm user can act on
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     return transformers
 
 

@@ -79,6 +79,7 @@ NOISE = {
     "MLflow INFO lines": re.compile(r"INFO mlflow|Creating initial MLflow database tables"),
     "MLflow run links": re.compile(r"View run .* at: |View experiment at: "),
     "uvicorn's request log": re.compile(r'"GET /[^"]*" \d{3}'),
+    "transformers' progress bars and warnings": re.compile(r"Loading weights|is_gradient_checkpointing"),
 }
 # DeepSpeed's own launcher imports DeepSpeed before any memlm code runs: its accelerator guess is not ours to route.
 NOISE_EXEMPT = {"deepspeed ": ("DeepSpeed's accelerator warning",)}
