@@ -21,7 +21,9 @@ case warms up k more steps than --warmup, so its window is full when the timing 
 memlm's contract, no memory) runs through the trainer's segment recurrence; `bare` is the transformers model alone:
 lm(input_ids).logits, cross-entropy on the same targets, backward. Every arch starts from one set of weights (the
 cases of an arch that differ in k alone share its model; build_cases says why that is the same), and the cases are
-timed round-robin --repeats times, so load hits all alike; medians. The overhead at one segment is timed apart:
+timed round-robin --repeats times, so load hits all alike; medians. A step's time is this process's CPU time on the
+CPU (one thread: the step's own work, whoever else holds the core; its wall time is kept beside it) and the wall
+time between synchronizations on CUDA (timed_step). The overhead at one segment is timed apart:
 --overhead-rounds rounds of bare, hf, hf_rmt and hf_armt at k = 0 alone, back to back (a round of every case
 takes half a minute on the CPU, and another process's burst falls between a pair's two steps far less often in a
 round of four short ones); each ratio is the median of per-round ratios (bench/common.py, paired_ratio).
@@ -135,8 +137,10 @@ class Case:
     def __init__(self, name: str, arch: str, depth: int, checkpointing: bool, model: torch.nn.Module):
         self.name, self.arch, self.depth, self.checkpointing = name, arch, depth, checkpointing
         self.model = model.train()
-        self.times: list[float] = []
+        self.times: list[float] = []  # by the profile's clock (timed_step)
         self.overhead_times: list[float] = []  # the overhead rounds' (1-segment cases only)
+        self.wall: list[float] = []  # the same steps' wall times
+        self.overhead_wall: list[float] = []
         self.losses: list[float] = []
 
     def forward(self) -> torch.Tensor:
@@ -194,14 +198,23 @@ def run_step(case: Case, profile: Profile, device, backward_mark=None) -> float:
     return value
 
 
-def timed_step(case: Case, profile: Profile, device) -> float:
+def timed_step(case: Case, profile: Profile, device) -> tuple[float, float]:
+    """(the step's time by the clock, its wall time). The clock on the CPU is this process's CPU time: with one
+    thread that is the step's own work, without the time another process held the core (on this shared 2-core
+    machine the wall time of one and the same step varied 2x within a minute); on CUDA the wall time between
+    synchronizations."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     case.losses.append(run_step(case, profile, device))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    wall = time.perf_counter() - wall
+    return (wall if device.type == "cuda" else time.process_time() - cpu), wall
+
+
+CLOCKS = {"cpu": "process CPU time (time.process_time; one torch thread)",
+          "cuda": "wall time between torch.cuda.synchronize() calls"}
 
 
 def cuda_memory(cases: list[Case], profile: Profile, device) -> None:
@@ -383,13 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     loads = []
     for r in range(profile.repeats):
         for case in cases:
-            case.times.append(timed_step(case, profile, device))
+            clock, wall = timed_step(case, profile, device)
+            case.times.append(clock)
+            case.wall.append(wall)
         loads.append(load_average()[0])
         progress(start, f"round {r + 1}/{profile.repeats} timed")
     one_segment = [case for case in cases if case.depth == 0 and not case.checkpointing]  # bare, hf, hf_rmt, hf_armt
     for _ in range(profile.overhead_rounds):
         for case in one_segment:
-            case.overhead_times.append(timed_step(case, profile, device))
+            clock, wall = timed_step(case, profile, device)
+            case.overhead_times.append(clock)
+            case.overhead_wall.append(wall)
     load_overhead_rounds = load_average()
     progress(start, f"{profile.overhead_rounds} rounds of the 1-segment steps timed")
     measure_memory(cases, profile, device)
@@ -402,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"name": case.name, "arch": case.arch, "bptt_depth": case.depth,
                      "segment_checkpointing": case.checkpointing, "forwards_per_step": case.depth + 1,
                      "step_s": case.times, "step_s_median": median, "new_tokens_per_s": tokens / median,
-                     **({"overhead_step_s": case.overhead_times} if case.overhead_times else {}),
+                     "step_wall_s": case.wall, "step_wall_s_median": statistics.median(case.wall),
+                     **({"overhead_step_s": case.overhead_times, "overhead_step_wall_s": case.overhead_wall}
+                        if case.overhead_times else {}),
                      **case.memory, "first_loss": case.losses[0], "last_loss": case.losses[-1]})
     import transformers
 
@@ -413,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {**dataclasses.asdict(profile), "backbone_train": "full",
                    "params": {arch: arch_spec(arch).load("params")(model_config(profile, arch))
                               for arch in ("hf", *MEMORY_ARCHS)}},
+        "clock": CLOCKS[device.type],
         "memory_measure": ("torch.cuda memory_allocated / max_memory_allocated" if device.type == "cuda" else
                            "torch profiler (profile_memory) CPU allocator records, summed in order"),
         "loadavg_before": load_before, "loadavg_per_round": loads,

@@ -33,7 +33,8 @@ def test_every_case_is_timed_and_measured(smoke):
                                                     for k in (0, 1) for ckpt in ("", " ckpt")}
     assert names == expected
     for row in smoke["cases"]:
-        assert len(row["step_s"]) == smoke["config"]["repeats"] and min(row["step_s"]) > 0, row["name"]
+        assert len(row["step_s"]) == len(row["step_wall_s"]) == smoke["config"]["repeats"], row["name"]
+        assert min(row["step_s"]) > 0 and min(row["step_wall_s"]) > 0, row["name"]
         assert math.isfinite(row["first_loss"]) and math.isfinite(row["last_loss"]), row["name"]
         assert row["forwards_per_step"] == row["bptt_depth"] + 1
         assert 0 < row["held_bytes"] <= row["peak_bytes"], row["name"]
