@@ -171,10 +171,11 @@ def to_dict(obj: Any) -> Any:
 
 
 def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values, and so does an empty mapping (model.backbone_config: {}),
+    which would otherwise leave no key at all."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and value:
             flat.update(flatten_dict(value, join(prefix, key)))
         else:
             flat[join(prefix, key)] = value
