@@ -67,6 +67,7 @@ from memlm.models import ModelConfig, build_model
 from memlm.models.flops import flops_per_token
 from memlm.models.registry import arch_spec
 from memlm.trainer.loop.recurrence import make_recurrence
+from memlm.trainer.runtime.allocator import tune_allocator
 
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
@@ -92,7 +93,7 @@ PROFILES = {
     "cpu": Profile(
         backbone={"model_type": "gpt2", "n_layer": 6, "n_embd": 256, "n_head": 4, "n_positions": 512, **NO_DROPOUT},
         vocab=8192, lanes=4, seg_len=128, mem_tokens=4, assoc_dim=16, depths=(1, 2, 4, 8), repeats=5,
-        overhead_rounds=20, warmup=1,
+        overhead_rounds=40, warmup=1,
         device="cpu", dtype="fp32", threads=1),
     "gpu": Profile(  # GPT-2 small's shape
         backbone={"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024,
@@ -363,6 +364,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overhead-rounds", type=int, help="rounds of the 1-segment steps alone (the profile's)")
     parser.add_argument("--warmup", type=int, help="untimed steps per case beyond filling its window")
     parser.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
+    parser.add_argument("--seg-len", type=int, help="N, the segment length (default: the profile's)")
+    parser.add_argument("--mem-tokens", type=int, help="R, the memory tokens (default: the profile's)")
     parser.add_argument("--out", help="result JSON (default: bench/results/pretrained_memory_PROFILE.json)")
     args = parser.parse_args(argv)
     if args.profile == "smoke" and not args.out:
@@ -375,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = PROFILES[args.profile]
     profile = dataclasses.replace(
         profile, repeats=args.repeats or profile.repeats, threads=args.threads or profile.threads,
-        overhead_rounds=args.overhead_rounds or profile.overhead_rounds,
+        overhead_rounds=args.overhead_rounds or profile.overhead_rounds, seg_len=args.seg_len or profile.seg_len,
+        mem_tokens=args.mem_tokens or profile.mem_tokens,
         warmup=profile.warmup if args.warmup is None else args.warmup,
         depths=tuple(int(k) for k in args.depths.split(",")) if args.depths else profile.depths)
     if profile.device == "cuda" and not torch.cuda.is_available():
@@ -383,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out = args.out or str(RESULTS / f"pretrained_memory_{args.profile}.json")
+    # glibc as every memlm process sets it (prepare_process): a step's freed memory stays mapped for the next one;
+    # with the defaults each step faults it in again, and 1-segment steps of one shape ran 0.45-1.9x each other
+    allocator = tune_allocator()
     torch.set_num_threads(profile.threads)
     device = torch.device(profile.device)
     load_before = load_average()
@@ -429,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "pretrained_memory", "profile": args.profile, "device": device.type,
         "device_name": device_name(device), "dtype": profile.dtype, "threads": profile.threads,
         "nproc": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "allocator": allocator.reason if allocator.tuned else f"glibc defaults ({allocator.reason})",
         "config": {**dataclasses.asdict(profile), "backbone_train": "full",
                    "params": {arch: arch_spec(arch).load("params")(model_config(profile, arch))
                               for arch in ("hf", *MEMORY_ARCHS)}},
