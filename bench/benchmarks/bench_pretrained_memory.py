@@ -202,8 +202,8 @@ def run_step(case: Case, profile: Profile, device, backward_mark=None) -> float:
 def timed_step(case: Case, profile: Profile, device) -> tuple[float, float]:
     """(the step's time by the clock, its wall time). The clock on the CPU is this process's CPU time: with one
     thread that is the step's own work, without the time another process held the core (on this shared 2-core
-    machine the wall time of one and the same step varied 2x within a minute); on CUDA the wall time between
-    synchronizations."""
+    machine the wall time of one and the same step varied 2x within a minute under load; quiet, the two agree);
+    on CUDA the wall time between synchronizations."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -353,7 +353,11 @@ def checkpointing_effect(cases: dict[str, Case], depths: tuple[int, ...]) -> dic
 def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+    try:  # platform.processor() is only "x86_64" on Linux
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
