@@ -107,8 +107,9 @@ def check_backbone_vocab(config: Path, vocab_size: int) -> None:
                           "backbone's embedding to the tokenizer (resize_token_embeddings) and fine-tune again")
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an --out that holds files, unless --overwrite and it is an earlier export (nothing else is deleted)."""
+def check_out(out: Path, overwrite: bool, ours=is_export, kind: str = "export") -> None:
+    """Refuse an --out that holds files, unless --overwrite and `ours(out)`: an earlier export of this `kind` (nothing
+    else is deleted). `memlm export --hf-backbone` passes its own marker's test and kind."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file: name a folder")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
@@ -117,9 +118,9 @@ def check_out(out: Path, overwrite: bool) -> None:
     shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
     if not overwrite:
         raise ExportError(f"--out {out} already holds {len(held)} file(s) ({shown}): choose an empty or new folder, "
-                          "or pass --overwrite to replace an earlier export")
-    if not is_export(out):
-        raise ExportError(f"--out {out} holds files ({shown}) and is not a memlm export, so --overwrite will not "
+                          f"or pass --overwrite to replace an earlier {kind}")
+    if not ours(out):
+        raise ExportError(f"--out {out} holds files ({shown}) and is not a memlm {kind}, so --overwrite will not "
                           "delete them: choose an empty or new folder")
 
 

@@ -26,7 +26,7 @@ from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
 from memlm.models.pretrained.shape import backbone_name
 from memlm.models.registry import arch_spec
 
-from .export import check_backbone_vocab, replace_folder
+from .export import check_backbone_vocab, check_out, replace_folder
 from .pretrained import DTYPES, ExportError, is_export
 from .run_loader import open_run
 
@@ -45,7 +45,7 @@ def export_hf_backbone(run_dir: str | os.PathLike, out: str | os.PathLike, dtype
     if arch_spec(cfg.model.arch).memlm_layers:
         raise ExportError(f"--hf-backbone: {run_dir} is a {cfg.model.arch} run, whose layers are memlm's own, not a "
                           "Hugging Face backbone's: export it without --hf-backbone")
-    check_out(out, overwrite)
+    check_out(out, overwrite, ours=is_backbone_export, kind="--hf-backbone export")
     tokenizer = run.tokenizer()
     model = run.load_model(model_config=cfg.model)
 
@@ -83,17 +83,8 @@ def export_hf_backbone(run_dir: str | os.PathLike, out: str | os.PathLike, dtype
     return out
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an --out that holds files, unless --overwrite and it is an earlier --hf-backbone export."""
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} is a file: name a folder")
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if not held:
-        return
-    shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-    if not overwrite:
-        raise ExportError(f"--out {out} already holds {len(held)} file(s) ({shown}): choose an empty or new folder, "
-                          "or pass --overwrite to replace an earlier --hf-backbone export")
-    if not (out / MARKER).is_file() or is_export(out):
-        raise ExportError(f"--out {out} holds files ({shown}) and is not a memlm --hf-backbone export, so "
-                          "--overwrite will not delete them: choose an empty or new folder")
+def is_backbone_export(out: Path) -> bool:
+    """A folder an earlier --hf-backbone export wrote (its marker, and not a memlm export's)."""
+    return (out / MARKER).is_file() and not is_export(out)
+
+
