@@ -26,12 +26,27 @@ import torch
 from torch import Tensor
 
 
+@torch.library.custom_op("memlm::materialized_mask", mutates_args=())
+def materialized_mask(allowed: Tensor) -> Tensor:
+    """A copy of the mask that inductor cannot see through. Under a whole-model compile the mask is computed in the
+    same graph (a concatenation of the lanes' memory flags with the segment's); inductor then inlines that
+    computation into the FlexAttention kernel's mask, and torch 2.11 fails to generate the concatenation's masked
+    loads there (LoweringException "'function' object has no attribute 'graph'", H200, 2026-11-27,
+    bench/results/gpu_profile_h200_call2/gpu_run.log). An opaque op's output is a buffer the kernel just loads."""
+    return allowed.clone()
+
+
+@materialized_mask.register_fake
+def _(allowed: Tensor) -> Tensor:
+    return torch.empty_like(allowed)
+
+
 def flex_mask(allowed: Tensor, lanes: int):
     """A BlockMask for `allowed` ([B or 1, Q, K] bool, True where the query may attend to the key) over B = lanes.
     Expanded first: the kernel calls the mask with every lane's index, also for a mask the lanes share."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    allowed = allowed.expand(lanes, *allowed.shape[1:])
+    allowed = materialized_mask(allowed.expand(lanes, *allowed.shape[1:]))  # [B, Q, K], its own buffer
     Q, K = allowed.shape[1:]
 
     def mask_mod(b, h, q_idx, kv_idx):  # noqa: ARG001 - the signature FlexAttention calls

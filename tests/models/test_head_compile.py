@@ -61,7 +61,9 @@ def run_compiled(div_val, planned):
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = TinyLM(div_val)
+    # float64: compiled and eager may sum an embedding row's contributions in another order (aot decomposes the
+    # embedding's backward; torch 2.11's CPU kernels disagreed at 1e-6 in fp32), and the subject is the capture
+    model = TinyLM(div_val).double()
     compiled = torch.compile(model, backend="aot_eager", dynamic=False)
     graphs, counts = [], []
     for tokens, targets in batches():
@@ -70,7 +72,7 @@ def run_compiled(div_val, planned):
         want = step(model, tokens, targets, None)
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
         for (name, _), g, w in zip(model.named_parameters(), got[1], want[1], strict=True):
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=name)
         graphs.append(int(counters["stats"]["unique_graphs"]))
         counts.append([int(((targets >= lo) & (targets < hi)).sum()) for lo, hi in zip(CUTOFFS, CUTOFFS[1:] + [VOCAB])])
     return graphs, list(counters["graph_break"]), counts

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _check(device: str, env: dict) -> None:
     pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
-    env = {**os.environ, **env, "PYTHONPATH": str(ROOT / "tests")}
+    # The checkout itself too: where memlm is not installed (the GPU machines run from a copy of the checkout)
+    paths = [str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "triton_in_models.py"), device], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
