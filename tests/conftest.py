@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# xdist workers (scripts/test.sh: three on two cores): one torch thread each, also in the runs they start in-process
+# Two xdist workers on two cores: one torch thread each, also in the runs they start in-process
 # (trainer/runtime/process.py
 # reads this) and in subprocesses (support.training.child_env), so in-process and subprocess runs compute alike
 # whatever the caller's shell says; tests of the thread choice itself start their processes without it.

@@ -162,39 +162,57 @@ def test_broken_checkpoint_is_reported_and_other_results_kept(setup, tmp_path, c
 @pytest.mark.parametrize("retries", [2, 0])
 def test_killed_worker_is_retried(setup, tmp_path, capsys, retries):
     """SIGKILL the worker process while it runs the task (found by the process title Ray gives it). With retries
-    the task runs again in another worker and gives the reference result; without, the command reports the crash."""
+    the task runs again in another worker and gives the reference result; without, the command reports the crash.
+
+    A kill can land after the task has returned its result but before Ray renamed the worker (seen under load:
+    rc 0 without retries): such an attempt exercised nothing and is made again, at most 3 times."""
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}"
+        rc, workers = _run_and_kill_the_worker(setup, out, retries)
+        assert workers, "the task finished before it could be killed; the test did not exercise a retry"
+        err = capsys.readouterr().err
+        if (retries == 0 and rc == 1) or (retries > 0 and len(workers) > 1):
+            break  # the kill ended the running task: without retries the crash, with them a second worker
+    else:
+        pytest.fail(f"3 kills, none while the task ran: rc {rc}, workers that ran it {workers}")
+    path = result_file(out, "lamemo", 3)
+    if retries == 0:
+        assert not path.exists()
+        assert "lamemo at m=3 (memory 24) failed (retries allowed: 0): WorkerCrashedError" in err
+        return
+    assert rc == 0
+    got = json.loads(path.read_text())
+    assert got["nll"] == pytest.approx(reference(setup["runs"]["lamemo"], 3, tmp_path)["nll"], rel=1e-9)
+
+
+def _run_and_kill_the_worker(setup, out, retries) -> tuple[int, list[int]]:
+    """(exit code, pids of the workers seen running the task): the first one is SIGKILLed when seen."""
     import psutil
 
-    killed: list[int] = []
+    workers: list[int] = []
     stop = threading.Event()
 
     def killer():
-        while not stop.is_set() and not killed:
+        while not stop.is_set():
             for proc in psutil.process_iter(["pid", "cmdline"]):
-                if " ".join(proc.info["cmdline"] or []).startswith("ray::extrapolate:lamemo:m3"):
-                    os.kill(proc.info["pid"], signal.SIGKILL)
-                    killed.append(proc.info["pid"])
-                    return
+                pid = proc.info["pid"]
+                if pid not in workers and " ".join(proc.info["cmdline"] or []).startswith(
+                        "ray::extrapolate:lamemo:m3"):
+                    workers.append(pid)
+                    if len(workers) == 1:
+                        os.kill(pid, signal.SIGKILL)
             time.sleep(0.002)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     try:
         # one lane: a longer task, so the killer sees it running
-        rc = extrapolate([setup["runs"]["lamemo"]], tmp_path / "out", setup["uri"], "--mult", "3", "--lanes", "1",
+        rc = extrapolate([setup["runs"]["lamemo"]], out, setup["uri"], "--mult", "3", "--lanes", "1",
                          "--max-retries", str(retries))
     finally:
         stop.set()
         thread.join()
-    assert killed, "the task finished before it could be killed; the test did not exercise a retry"
-    path = result_file(tmp_path / "out", "lamemo", 3)
-    if retries == 0:
-        assert rc == 1 and not path.exists()
-        assert "lamemo at m=3 (memory 24) failed (retries allowed: 0): WorkerCrashedError" in capsys.readouterr().err
-        return
-    assert rc == 0
-    got = json.loads(path.read_text())
-    assert got["nll"] == pytest.approx(reference(setup["runs"]["lamemo"], 3, tmp_path)["nll"], rel=1e-9)
+    return rc, workers
 
 
 @pytest.mark.parametrize("mult", ["x", "3-1", "0", "1-", "1,,2"])
