@@ -1,9 +1,10 @@
 """bench/reproduce/pretrained_longctx.py end to end at its smoke size (issue 37 item 7): a GPT-2-shaped `hf` model
-trained on WikiText-2 lines through `memlm train`, exported with --hf-backbone, then hf_rmt, the backbone alone and
-the backbone with its full context through `memlm curriculum` on passkey (1 and 2 segments), each stage's model
-scored on its stage's test samples. Proves the pipeline, never the quality (2 steps a stage). That a rerun redoes
-no finished curriculum is longctx.py's smoke's (tests/bench/test_reproduce.py), the same machinery: not run again
-here, for CI's time (about 30 s).
+trained on WikiText-2 lines through `memlm train`, exported with --hf-backbone, then the backbone alone and the
+backbone with its full context through `memlm curriculum` on passkey (1 and 2 segments), each stage's model scored on
+its stage's test samples. Proves the pipeline, never the quality (2 steps a stage). For CI's time, not run again
+here: that a rerun redoes no finished curriculum (longctx.py's smoke, tests/bench/test_reproduce.py, the same
+machinery), and a memory arch's curriculum on a backbone (the same function with the arch's keys, which
+tests/trainer/loop/test_backbone_tokens_tasks.py runs for hf_rmt); every arch's keys are loaded below.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def test_pretrained_longctx_smoke(tmp_path):
     folder = work / "backbone"  # a Hugging Face folder: transformers' files, the memory runs' model.backbone
     assert {"config.json", "model.safetensors"} <= {p.name for p in folder.iterdir()}
     runs = {run["arch"]: run for run in result["results"]["passkey"]}
-    assert list(runs) == ["hf_rmt", "hf", "hf_full"] and result["longeval"] == {}
+    assert list(runs) == ["hf", "hf_full"] and result["longeval"] == {}
     for arch, run in runs.items():
         assert [stage["segments"] for stage in run["stages"]] == [1, 2]
         for stage in run["stages"]:
@@ -59,10 +60,9 @@ def test_pretrained_longctx_smoke(tmp_path):
             assert stage["baselines"] == {"chance": 1 / 90000} and stage["held_out_answer_nll"] > 0
     summaries = {arch: json.loads((work / "runs" / f"{arch}-passkey" / "curriculum.json").read_text())
                  for arch in runs}
-    for arch in ("hf_rmt", "hf"):
-        for stage in summaries[arch]["stages"]:
-            cfg = config(stage["run_dir"])
-            assert cfg["model"]["backbone"] == str(folder) and cfg["model"]["tgt_len"] == 128
+    for stage in summaries["hf"]["stages"]:
+        cfg = config(stage["run_dir"])
+        assert cfg["model"]["backbone"] == str(folder) and cfg["model"]["tgt_len"] == 128
     full = summaries["hf_full"]["stages"]
     # At 1 segment the full-context model is the no-memory curriculum's own stage; at 2, one segment of 256 bytes
     # holding the very test samples the 2-segment stages read, started from the 1-segment weights.
@@ -74,3 +74,17 @@ def test_pretrained_longctx_smoke(tmp_path):
     assert len(mine) == len(theirs) == 4
     assert all(len(a) == len(b) and (a == b).all() and n == m for (a, n), (b, m) in zip(mine, theirs))
     assert "| hf: backbone alone, full context | " in first and " bits per byte (segments of 1024)" in first
+
+
+@pytest.mark.parametrize("arch", ["hf_rmt", "hf_armt", "hf", "hf_full", "hf_rmt_frozen", "hf_rmt_lora"])
+def test_every_arch_of_the_experiment_loads_on_its_preset(arch):
+    """Each arch's keys on top of the experiment's preset make a valid config of that arch (the curricula the smoke
+    leaves out included); the backbone folder is given later, so the preset's inline backbone stands in."""
+    from memlm.bench.reproduce.pretrained_longctx import ARCHS, PRESET
+    from memlm.trainer.config.run_config import load_config
+
+    cfg = load_config(PRESET, ARCHS[arch])
+    assert cfg.model.arch == {"hf_full": "hf", "hf_rmt_frozen": "hf_rmt", "hf_rmt_lora": "hf_rmt"}.get(arch, arch)
+    if arch.startswith("hf_rmt") or arch == "hf_armt":
+        assert cfg.model.num_mem_tokens == 8
+    assert cfg.model.backbone_train == {"hf_rmt_frozen": "frozen", "hf_rmt_lora": "lora"}.get(arch, "full")
