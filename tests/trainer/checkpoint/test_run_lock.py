@@ -8,6 +8,7 @@ checkpoints written by both (issue 32). The holder here is a real `memlm train` 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,14 @@ pytestmark = pytest.mark.slow
 LOCK_FILE = ".memlm-train.lock"  # in the run folder
 
 
+def _whole_json(path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def snapshot(run) -> dict:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
@@ -35,9 +44,13 @@ def test_a_second_train_into_a_folder_in_use_is_refused_and_a_dead_runs_lock_is_
     holder = subprocess.Popen([sys.executable, "-m", "memlm", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, env=child_env({"MEMLM_TEST_SLEEP_IN_SAVE": "1:300"}))
     try:
+        # The holder is asleep once its save's last file, meta.json, is whole (trainer/checkpoint/store.py writes it
+        # just before the sleep): earlier, the step's files are still being written (seen under load: the snapshot
+        # below caught an empty model-states file).
         deadline = time.monotonic() + 240
-        while not list(run.glob("checkpoints/.tmp-global_step1")) and time.monotonic() < deadline:
+        while not _whole_json(run / "checkpoints" / ".tmp-global_step1" / "meta.json"):
             assert holder.poll() is None, holder.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the holder never reached its sleep inside the step-1 save"
             time.sleep(0.2)
         before = snapshot(run)
         for flags in ([], ["--resume"], ["--overwrite"]):
