@@ -3,6 +3,10 @@
 Every shard is checked against the manifest's sha256 before its documents are used (read_shard does the check
 when given expected_sha256). A missing or corrupt shard raises DataError naming the file; with skip_corrupt=True
 its documents are skipped instead, counted and warned about: documents are never dropped silently.
+
+The folder may be a URL (data_pipeline/remote/): then each shard is fetched to a verified local copy first (with
+retries, a cache and prefetch of the reader's next shards) and read from there exactly as a local shard; messages
+name the URL with its credentials redacted. Nothing that decides the order of documents depends on where they are.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 
 from .doc_order import ShardSpan
 from .format import MANIFEST, DataError, token_dtype
+from .remote.location import Location, as_location
 from .shards import load_manifest, read_shard
 
 
@@ -45,16 +50,24 @@ class Doc:
 class ShardSource:
     """The shards of one split, read with verification; remembers the shards it had to skip."""
 
-    def __init__(self, data_dir: str | os.PathLike, split: str, *, skip_corrupt: bool = False):
-        self.data_dir = Path(data_dir)
+    def __init__(self, data_dir: str | os.PathLike | Location, split: str, *, skip_corrupt: bool = False):
+        self.location = as_location(data_dir)
+        # A local folder as a Path, as always; a URL as its Location (str() is its display form, no credentials).
+        self.data_dir: Path | Location = Path(self.location.root) if self.location.is_local else self.location
         self.split = split
         self.skip_corrupt = skip_corrupt
-        manifest = load_manifest(data_dir)
+        manifest = load_manifest(self.location)
         splits = manifest.get("splits", {})
         if split not in splits:
-            raise DataError(f"{self.data_dir / MANIFEST} has no split {split!r} (it has {sorted(splits)})")
+            where = self.data_dir / MANIFEST if self.location.is_local else self.location.display(MANIFEST)
+            raise DataError(f"{where} has no split {split!r} (it has {sorted(splits)})")
         self.entry = splits[split]
         self.shards: list[dict] = list(self.entry["shards"])
+        self.remote = None  # the fetcher of shards at a URL (or listed in data.shards); None for a local folder
+        if not self.location.is_local or self.location.shard_lists.get(split):
+            from .remote.shard_files import RemoteShards
+
+            self.remote = RemoteShards(self.location, split, self.shards)
         tokenizer = manifest["tokenizer"]
         self.vocab_size = int(tokenizer["vocab_size"])
         self.boundary_id = int(tokenizer["boundary_id"])
@@ -69,8 +82,13 @@ class ShardSource:
         self.skipped_shards: set[int] = set()
         # How many of a shard's documents belong to the reader (set by the stream), for the skip warning.
         self.share_of: Callable[[int], int] = lambda shard_id: self.spans[shard_id].documents
+        # The reader's next shards after one it opens (set by the stream from its plan): what remote reads prefetch.
+        self.upcoming: Callable[[int], list[int]] = lambda shard_id: []
 
-    def path(self, shard_id: int) -> Path:
+    def path(self, shard_id: int) -> Path | str:
+        """Where the shard is, as messages name it: a local Path, or the URL with its credentials redacted."""
+        if self.remote is not None:
+            return self.remote.display(shard_id)
         return self.data_dir / self.shards[shard_id]["path"]
 
     def shard_of(self, index: int) -> int:
@@ -100,11 +118,14 @@ class ShardSource:
 
         path = self.path(shard_id)
         entry = self.shards[shard_id]
+        local = None
         try:
-            if not path.is_file():
+            if self.remote is not None:  # a verified local copy (DataError naming the URL past the retry budget)
+                local = self.remote.open(shard_id, self.upcoming(shard_id))
+            elif not path.is_file():
                 raise DataError(f"shard {path} is missing")
             docs = {}
-            for sample in read_shard(path, expected_sha256=entry["sha256"]):
+            for sample in read_shard(local or path, expected_sha256=entry["sha256"]):
                 tokens = np.asarray(sample["tokens"])
                 mask = sample.get("mask")
                 docs[int(sample["index"])] = Doc(int(sample["index"]), tokens,
@@ -114,8 +135,13 @@ class ShardSource:
                 raise DataError(f"shard {path} holds documents {sorted(docs)[:3]}... but the manifest says "
                                 f"{entry['documents']} documents from {entry['first_index']}")
         except (DataError, OSError, tarfile.TarError, ValueError, KeyError) as err:
+            if local is not None:
+                self.remote.forget_cached(shard_id)  # a damaged cached copy is fetched anew next time
             self._corrupt(shard_id, err)
             return None
+        finally:
+            if local is not None:
+                self.remote.close(shard_id, local)
         return docs
 
     def lengths(self) -> np.ndarray:
@@ -129,6 +155,10 @@ class ShardSource:
         for shard_id, entry in enumerate(self.shards):
             path = self.path(shard_id)
             try:
+                if self.remote is not None:
+                    indices, counts = self._remote_lengths(shard_id)
+                    out[indices] = np.maximum(counts - self.first_target, 0)
+                    continue
                 if not path.is_file():
                     raise DataError(f"shard {path} is missing")
                 stat = path.stat()
@@ -142,6 +172,28 @@ class ShardSource:
                 continue
             out[indices] = np.maximum(counts - self.first_target, 0)
         return out
+
+    def _remote_lengths(self, shard_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, token counts) of a shard at a URL: fetched (verified) once per process, then remembered by
+        its sha256, so evaluation's repeated pre-passes do not fetch the split again."""
+        entry = self.shards[shard_id]
+        key = (entry["sha256"], self.dtype.itemsize)
+        if key not in _REMOTE_LENGTHS:
+            local = self.remote.open(shard_id, [])
+            try:
+                stat = local.stat()
+                found = _scan_lengths(str(local), entry["sha256"], stat.st_size, stat.st_mtime_ns,
+                                      self.dtype.itemsize)
+            finally:
+                self.remote.close(shard_id, local)
+            if len(found[0]) != entry["documents"]:
+                raise DataError(f"shard {self.path(shard_id)} holds {len(found[0])} documents, the manifest says "
+                                f"{entry['documents']}")
+            _REMOTE_LENGTHS[key] = found
+        return _REMOTE_LENGTHS[key]
+
+
+_REMOTE_LENGTHS: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # (sha256, itemsize) -> lengths
 
 
 @functools.lru_cache(maxsize=4096)

@@ -247,11 +247,26 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     if not str(data_dir).strip():  # an unset data.path: Path("") would name the working folder without saying so
         raise DataError("data.path is not set: prepare a corpus with `memlm prepare ... --out DATA_DIR`, then pass "
                         "data.path=DATA_DIR")
+    from .remote.location import Location, as_location, is_remote
+
+    if is_remote(data_dir):  # the same checks on the manifest fetched from the URL (data_pipeline/remote/)
+        from .remote.fetch import Fetcher
+
+        location = as_location(data_dir)
+        raw = Fetcher(location.options).read_bytes(location.url(MANIFEST))
+        return _parse_manifest(lambda: raw.decode(), location.display(MANIFEST))
+    if isinstance(data_dir, Location):
+        data_dir = data_dir.root
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path} is missing: {data_dir} is not a finished data folder (run `memlm prepare`)")
+    return _parse_manifest(path.read_text, path)
+
+
+def _parse_manifest(read, path) -> dict:
+    """The manifest `read()` returns, its format checked; `path` names it in messages (a Path or a URL's display)."""
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read())
     except (OSError, ValueError) as err:
         raise DataError(f"{path} is not readable JSON ({err}); re-run `memlm prepare`") from err
     if not isinstance(manifest, dict):

@@ -89,6 +89,7 @@ class LaneStream:
                                         shuffle=self.shuffle, seed=seed, window=shuffle_window,
                                         endless=mode == "train", boundary=self.boundary_id)
             self.plan = self.cont.plan
+            self.source.upcoming = self._upcoming
             self.num_batches = self.cont.steps_needed(seg_len) if mode == "eval" else None
             return
         self.cont = None
@@ -108,6 +109,7 @@ class LaneStream:
             self.plan = ReaderPlan(self.source.spans, reader, readers, shuffle=False, seed=seed, window=1,
                                    regime="documents")
         self.source.share_of = self.plan.count_in_shard
+        self.source.upcoming = self._upcoming
         self.queue = DocQueue(self.plan, self.source, endless=mode == "train")
         self.lane_states = [Lane() for _ in range(lanes)]
         self.num_batches = self._count_eval_batches() if mode == "eval" else None
@@ -116,10 +118,23 @@ class LaneStream:
     def from_config(cls, config: DataConfig, split: str, *, mode: str, seg_len: int, rank: int = 0,
                     world_size: int = 1, worker: int = 0, **kwargs) -> "LaneStream":
         """The stream a run's `data` section asks for (eval uses data.eval_batch_size lanes when set)."""
-        return cls(config.path, split, rank=rank, world_size=world_size, seg_len=seg_len, mode=mode,
+        from .remote.location import location_of  # data.shards and data.remote travel with the path
+
+        return cls(location_of(config), split, rank=rank, world_size=world_size, seg_len=seg_len, mode=mode,
                    lanes=config.eval_lanes if mode == "eval" else config.batch_size, seed=config.seed,
                    shuffle=config.shuffle, continuous=config.continuous, worker=worker,
                    num_workers=max(1, config.num_workers), **kwargs)
+
+    def _upcoming(self, shard_id: int, ahead: int = 8) -> list[int]:
+        """The shards this reader opens after `shard_id` in its plan (the next epoch's too, when endless): what a
+        reader of a URL fetches ahead. A guess only ever costs a transfer: reading order is the plan's alone."""
+        epoch = max(0, self.epoch)
+        epochs = (epoch, epoch + 1) if self.mode == "train" else (epoch,)
+        order = [int(s) for e in epochs for s in self.plan.my_shards(e)]
+        if shard_id not in order:
+            return []
+        at = order.index(shard_id)
+        return order[at + 1:at + 1 + ahead]
 
     def _count_eval_batches(self) -> int:
         """The batch count every rank yields: the most any reader's lanes need (the same on every rank)."""

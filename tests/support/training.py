@@ -19,8 +19,9 @@ ARCHS = tuple(ARCHITECTURES)
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
-def make_data(root: Path) -> Path:
-    """A textdir corpus of short random-word documents, prepared with the bytes tokenizer (vocab 256)."""
+def make_data(root: Path, shard_tokens: int | None = None) -> Path:
+    """A textdir corpus of short random-word documents, prepared with the bytes tokenizer (vocab 256); shard_tokens
+    cuts each split into several shards (default: one per split)."""
     from memlm.data_pipeline.prepare import prepare
 
     rng = random.Random(0)
@@ -30,7 +31,8 @@ def make_data(root: Path) -> Path:
         for i in range(n):
             text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
             (root / "corpus" / split / f"{i}.txt").write_text(text)
-    prepare("textdir", root / "corpus", root / "data", tokenizer="bytes", workers=1, progress=False)
+    sizes = {} if shard_tokens is None else {"shard_tokens": shard_tokens}
+    prepare("textdir", root / "corpus", root / "data", tokenizer="bytes", workers=1, progress=False, **sizes)
     return root / "data"
 
 

@@ -1,0 +1,164 @@
+"""A real HTTP server on 127.0.0.1 serving a prepared data folder, with Range requests and injectable faults.
+
+    with ShardServer(data_dir) as server:                  # a free port; server.url = "http://127.0.0.1:PORT"
+        server.faults["train/train-00001.tar"] = Fault(reset_after=5000)
+        ...                                                # server.requests: (path, first byte, status) per request
+
+Faults, per file path relative to the folder, each for its first `times` requests:
+    unavailable   answer 503 to the first K requests
+    reset_after   send N bytes of the body (counted from the file's start), then reset the connection (RST)
+    stall_after   send N bytes, then send nothing for stall_s seconds (the client's stall timeout fires)
+With `auth=(user, password)` every request must carry that Basic authorization (else 401), so a test can prove the
+credentials in a URL are sent (and, elsewhere, never printed).
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+CHUNK = 16 * 1024
+
+
+@dataclass
+class Fault:
+    unavailable: int = 0
+    reset_after: int | None = None
+    stall_after: int | None = None
+    stall_s: float = 0.0
+    times: int = 1  # requests that reset or stall (after them the file is served whole)
+    served: int = 0  # requests that reached the body (counted by the server)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # the tests read server.requests instead
+        pass
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        start = 0
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes=") and ranged.endswith("-"):
+            start = int(ranged[len("bytes="):-1])
+        if owner.auth is not None:
+            token = base64.b64encode(f"{owner.auth[0]}:{owner.auth[1]}".encode()).decode()
+            if self.headers.get("Authorization") != f"Basic {token}":
+                return self._status(rel, start, 401)
+        file = (owner.root / rel).resolve()
+        if owner.root not in file.parents or not file.is_file():
+            return self._status(rel, start, 404)
+        with owner.lock:
+            fault = owner.faults.get(rel)
+            if fault is not None and fault.unavailable > 0:
+                fault.unavailable -= 1
+                fault_now = None
+                unavailable = True
+            else:
+                unavailable = False
+                fault_now = fault if fault is not None and fault.served < fault.times else None
+                if fault is not None:
+                    fault.served += 1
+        if unavailable:
+            return self._status(rel, start, 503)
+        data = file.read_bytes()
+        if start >= len(data) and data:
+            return self._status(rel, start, 416)
+        owner.log(rel, start, 206 if start else 200)
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        position = start
+        try:
+            while position < len(data):
+                end = min(len(data), position + CHUNK)
+                if fault_now is not None:
+                    for limit in (fault_now.reset_after, fault_now.stall_after):
+                        if limit is not None and position < limit < end:
+                            end = limit  # stop exactly at the fault's byte
+                if fault_now is not None and fault_now.reset_after is not None and position >= fault_now.reset_after:
+                    self.wfile.flush()
+                    # SO_LINGER 0: close() sends RST, the client sees a connection reset mid-body
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                if fault_now is not None and fault_now.stall_after is not None and position >= fault_now.stall_after:
+                    self.wfile.flush()
+                    time.sleep(fault_now.stall_s)
+                    fault_now = None  # then the rest, to a client that has most likely gone
+                self.wfile.write(data[position:end])
+                position = end
+            self.wfile.flush()
+        except OSError:  # the client went away (after a stall it timed out): nothing more to send
+            self.close_connection = True
+
+    def _status(self, rel: str, start: int, code: int) -> None:
+        self.server.owner.log(rel, start, code)
+        body = f"{code}\n".encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:  # the socket was reset on purpose
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a stalled handler must not hold up stop()
+    owner: "ShardServer"
+
+    def handle_error(self, request, client_address) -> None:  # resets and stalls break sockets on purpose
+        pass
+
+
+class ShardServer:
+    def __init__(self, root: Path, auth: tuple[str, str] | None = None):
+        self.root = Path(root).resolve()
+        self.auth = auth
+        self.faults: dict[str, Fault] = {}
+        self.requests: list[tuple[str, int, int]] = []
+        self.lock = threading.Lock()
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.owner = self
+        self._thread = threading.Thread(target=self._server.serve_forever, name="shard-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def log(self, rel: str, start: int, status: int) -> None:
+        with self.lock:
+            self.requests.append((rel, start, status))
+
+    def start(self) -> "ShardServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "ShardServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
