@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.remote.location import path_or_url
 from memlm.data_pipeline.shards import load_manifest
 from memlm.trainer.checkpoint.run_loader import resolve_eval_config
 from memlm.trainer.checkpoint.store import find_checkpoint, step_of
@@ -93,7 +94,7 @@ def check_runs(run_dirs: list[str], split: str, tgt_len: int, mults: list[int]) 
         # per run gives the message a user would see from `memlm eval RUN_DIR --mem-len M`.
         cfg = resolve_eval_config(folder, split, tgt_len, mults[-1] * tgt_len, None, None, None)
         _, tag = find_checkpoint(folder, None)
-        manifest = load_manifest(Path(cfg.data.path))
+        manifest = load_manifest(path_or_url(cfg.data.path))
         splits = manifest.get("splits", {})
         if split not in splits:
             raise DataError(f"{cfg.data.path} (the data of {folder}) has no split {split!r} "

@@ -14,6 +14,7 @@ from typing import Any
 
 from memlm.data_pipeline import babilong
 from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
+from memlm.data_pipeline.remote.location import path_or_url
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.tasks import DEFAULTS as TASK_DEFAULTS
 from memlm.data_pipeline.tasks import resolve_options
@@ -100,7 +101,7 @@ def parse_lengths(text: str) -> list[int]:
 def trained_manifest(run_dir: Path) -> dict:
     """The manifest of the data the run was trained on."""
     cfg = resolve_eval_config(run_dir, "test", None, None, None, None, None)
-    return load_manifest(Path(cfg.data.path))
+    return load_manifest(path_or_url(cfg.data.path))
 
 
 def trained_corpus(run_dir: Path) -> dict:

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline.remote.location import is_remote
 from memlm.data_pipeline.shards import load_manifest
 from memlm.trainer.config import presets
 from memlm.trainer.config.run_config import TrackingConfig
@@ -163,7 +164,8 @@ def _pin_paths(sweep: Sweep) -> tuple[str, str]:
     pinned: dict[str, Any] = {}
     if not cfg.data.path:
         load_manifest("")  # unset: one line naming data.path, not a failure in every trial
-    pinned["data.path"] = str(Path(cfg.data.path).resolve())
+    # A local folder made absolute (trials run in their own folders); a URL is the same from anywhere
+    pinned["data.path"] = cfg.data.path if is_remote(cfg.data.path) else str(Path(cfg.data.path).resolve())
     load_manifest(pinned["data.path"])  # a wrong data path fails here (one line), not in every trial
     # A sweep's runs in an experiment of their own (trials beside training runs made both hard to read), unless
     # the sweep file or an override names one.

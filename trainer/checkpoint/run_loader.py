@@ -25,6 +25,8 @@ import torch
 
 from memlm.data_pipeline.format import DataError
 from memlm.data_pipeline.hf_tokenizer import check_backbone_tokenizer
+from memlm.data_pipeline.remote.location import Location, as_location, is_remote, location_of
+from memlm.data_pipeline.remote.tokenizer_files import tokenizer_folder
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.tokenizers import Tokenizer, load_tokenizer
 from memlm.models import ModelConfig, build_model
@@ -58,10 +60,14 @@ class TrainedRun:
         """Where the weights come from, for progress lines: the checkpoint folder or the export folder."""
         return self.checkpoint if self.checkpoint is not None else self.path
 
-    def data(self, data_dir: str | os.PathLike | None = None, split: str | None = None) -> tuple[Path, dict]:
+    def data(self, data_dir: str | os.PathLike | None = None, split: str | None = None) -> tuple[Path | Location, dict]:
         """(data folder, its manifest): `data_dir`, else the config's data.path. Refused in one line: a missing
-        folder, a missing `split`, data tokenized otherwise than an export, a vocabulary other than the model's."""
-        folder = Path(data_dir or self.config.data.path)
+        folder, a missing `split`, data tokenized otherwise than an export, a vocabulary other than the model's.
+        A URL comes back as its Location (data.remote's retries and cache; str() without credentials)."""
+        if data_dir:
+            folder = as_location(data_dir, self.config.data) if is_remote(data_dir) else Path(data_dir)
+        else:
+            folder = location_of(self.config.data) if is_remote(self.config.data.path) else Path(self.config.data.path)
         try:
             manifest = load_manifest(folder)  # DataError naming the folder when it is missing
         except DataError as exc:
@@ -83,7 +89,7 @@ class TrainedRun:
         if self.export is not None:
             return pretrained.load_export_tokenizer(self.export)
         folder, manifest = self.data()
-        return load_tokenizer(folder / manifest["tokenizer"].get("path", "tokenizer"))
+        return load_tokenizer(tokenizer_folder(folder, manifest))
 
     def load_model(self, device: str | torch.device = "cpu",
                    model_config: ModelConfig | None = None) -> torch.nn.Module:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from memlm.data_pipeline.format import DataError
+from memlm.data_pipeline.remote.location import redact
 from memlm.data_pipeline.shards import load_manifest
 from memlm.models.config import ConfigError, ModelConfig
 
@@ -49,6 +50,7 @@ def load_fitted(config: str | Path, overrides) -> tuple[object, str | None]:
     prepared with that tokenizer (memlm prepare --tokenizer-from FOLDER) could say its size."""
     tree = apply_overrides(schema.load_tree(presets.find(config), find_parent=presets.find), overrides)
     path = str((tree.get("data") or {}).get("path") or "")
+    shown = redact(path)  # a URL's credentials never reach a message
     written = (tree.get("model") or {}).get("vocab_size", ModelConfig().vocab_size)
     try:
         tokenizer = load_manifest(path)["tokenizer"]
@@ -67,6 +69,6 @@ def load_fitted(config: str | Path, overrides) -> tuple[object, str | None]:
         except ConfigError as without:
             if str(without) == str(exc):  # not the vocabulary's doing: the config's own mistake, as it is
                 raise without from None
-        raise ConfigError(f"{KEY}={size} from {path}'s {tokenizer['kind']} tokenizer ({source}) does not fit the "
+        raise ConfigError(f"{KEY}={size} from {shown}'s {tokenizer['kind']} tokenizer ({source}) does not fit the "
                           f"rest of the config: {exc}") from None
-    return cfg, f"{KEY} {size:,} from {path}'s {tokenizer['kind']} tokenizer ({source})"
+    return cfg, f"{KEY} {size:,} from {shown}'s {tokenizer['kind']} tokenizer ({source})"

@@ -30,6 +30,7 @@ import numpy as np
 
 from memlm.data_pipeline import longctx
 from memlm.data_pipeline.hf_tokenizer import KIND as HF_KIND
+from memlm.data_pipeline.remote.tokenizer_files import tokenizer_folder
 from memlm.data_pipeline.shard_source import ShardSource
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.tasks import SEP as SEP_TEXT
@@ -99,7 +100,7 @@ def sample_tokenizer(data_dir: str | Path):
     manifest = load_manifest(data_dir)
     if manifest.get("tokenizer", {}).get("kind") != HF_KIND:
         return None
-    return load_tokenizer(Path(data_dir) / manifest["tokenizer"].get("path", "tokenizer"))
+    return load_tokenizer(tokenizer_folder(data_dir, manifest))
 
 
 def read_sample(task: str, tokens: np.ndarray, answer_len: int, tgt_len: int,

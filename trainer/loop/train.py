@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memlm.data_pipeline.hf_tokenizer import check_backbone_tokenizer
+from memlm.data_pipeline.remote.location import location_of
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from memlm.models import build_model
@@ -104,9 +105,10 @@ def open_trainer(cfg, out: str | os.PathLike | None = None, *, resume: bool = Fa
     """Everything `run` does before training, for callers that step the trainer themselves (benchmarks): the data
     and the checkpoint to resume from checked, the run folder claimed, this process set up. Then `build()` and
     `train_step()`, or `fit()`."""
-    manifest = load_manifest(cfg.data.path)  # DataError before any process group or build
+    data = location_of(cfg.data)  # a folder, or a URL with data.remote's retries (data_pipeline/remote/)
+    manifest = load_manifest(data)  # DataError before any process group or build
     check_vocab_size(manifest, cfg.model.vocab_size)
-    check_backbone_tokenizer(manifest, cfg.model.backbone, cfg.data.path)  # a backbone's own tokenizer.json
+    check_backbone_tokenizer(manifest, cfg.model.backbone, data)  # a backbone's own tokenizer.json
     run_dir = Path(out or Path("runs") / cfg.model.arch)
     ckpt_dir = run_dir / "checkpoints"
     info = distributed.setup_env()
@@ -553,7 +555,7 @@ class Trainer:
         # Evaluation draws no random numbers we rely on, but keep the training RNG untouched regardless.
         with rng_preserved(), torch.no_grad():
             self.engine.eval()
-            result = evaluate(self.engine.module, self.cfg.data.path, "valid", lanes=self.cfg.data.eval_lanes,
+            result = evaluate(self.engine.module, location_of(self.cfg.data), "valid", lanes=self.cfg.data.eval_lanes,
                               seg_len=self.cfg.model.tgt_len, rank=self.rank, world_size=self.info.world_size,
                               device=self.device, max_batches=self.cfg.train.eval_batches,
                               continuous=self.cfg.data.continuous)

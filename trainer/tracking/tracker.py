@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple, Optional
 from urllib.parse import urlsplit, urlunsplit
 
+from memlm.data_pipeline.remote.location import is_remote, redact
 from memlm.models.pretrained.shape import backbone_name
 from memlm.trainer.checkpoint.run_files import RUN_ID_FILE
 from memlm.trainer.config.run_config import RunConfig, TrackingConfig, flatten
@@ -343,7 +344,9 @@ def open_run(client: Any, uri: str, cfg: TrackingConfig, run_dir: Path, config: 
         client.update_run(run_id, name=f"{label}-{run_id[:RUN_ID_CHARS]}")
 
     old_params = run.data.params
-    params = {key: _param_value(value) for key, value in flatten(config).items()}
+    # data.path and data.shards may be URLs with a user:password@ or a ?token=: MLflow gets them redacted
+    params = {key: _param_value(redact(str(value)) if key.startswith("data.") else value)
+              for key, value in flatten(config).items()}
     # A param can never change once logged: a resumed run with an edited config (say, more steps) keeps the first
     # values in MLflow; the trainer has said what changed in one line, and config_changes.jsonl (logged as an
     # artifact) records it with its step (trainer/checkpoint/resume_policy.py).
@@ -431,6 +434,8 @@ def tokenizer_kind(data_path: str | os.PathLike) -> str:
     """The prepared data's tokenizer kind (bytes, word, spm-unigram, ...) from its manifest, or "unknown"."""
     import json
 
+    if is_remote(data_path):  # a tag is not worth a network read; compare_table reads the manifest where needed
+        return "unknown"
     try:
         return str(json.loads((Path(data_path) / "manifest.json").read_text())["tokenizer"]["kind"])
     except (OSError, ValueError, KeyError, TypeError):
