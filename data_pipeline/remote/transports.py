@@ -115,7 +115,9 @@ def _s3_filesystem(stall_s: float):
     import s3fs
 
     timeouts = {"connect_timeout": stall_s, "read_timeout": stall_s, "retries": {"max_attempts": 1}}
-    return s3fs.S3FileSystem(config_kwargs=timeouts, retries=1, skip_instance_cache=True)
+    fs = s3fs.S3FileSystem(config_kwargs=timeouts, skip_instance_cache=True)
+    fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, fetch.py decides about the next
+    return fs
 
 
 _FILESYSTEMS: dict[tuple, object] = {}
@@ -133,11 +135,17 @@ def s3_filesystem(stall_s: float):
 
 
 def _s3_failure(url: str, err: Exception) -> Exception:
+    """A refusal (missing object, denied access) as DataError; a network or service failure as Broken; anything
+    else (a bug, not the network) as it is."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     if isinstance(err, FileNotFoundError):
         return DataError(f"{redact(url)} does not exist (check data.path and the bucket)")
     if isinstance(err, PermissionError):
         return DataError(f"{redact(url)}: access denied (check the AWS_* credentials in the environment)")
-    return Broken(f"{type(err).__name__}: {err}")
+    if isinstance(err, (OSError, TimeoutError, BotoCoreError, ClientError)):
+        return Broken(f"{type(err).__name__}: {err}")
+    return err
 
 
 def _s3(url: str, start: int, size: int | None, stall_s: float) -> Iterator[bytes]:
