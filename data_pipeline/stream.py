@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -89,7 +90,7 @@ class LaneStream:
                                         shuffle=self.shuffle, seed=seed, window=shuffle_window,
                                         endless=mode == "train", boundary=self.boundary_id)
             self.plan = self.cont.plan
-            self.source.upcoming = self._upcoming
+            self.source.upcoming = self._weak_upcoming()
             self.num_batches = self.cont.steps_needed(seg_len) if mode == "eval" else None
             return
         self.cont = None
@@ -109,7 +110,7 @@ class LaneStream:
             self.plan = ReaderPlan(self.source.spans, reader, readers, shuffle=False, seed=seed, window=1,
                                    regime="documents")
         self.source.share_of = self.plan.count_in_shard
-        self.source.upcoming = self._upcoming
+        self.source.upcoming = self._weak_upcoming()
         self.queue = DocQueue(self.plan, self.source, endless=mode == "train")
         self.lane_states = [Lane() for _ in range(lanes)]
         self.num_batches = self._count_eval_batches() if mode == "eval" else None
@@ -124,6 +125,12 @@ class LaneStream:
                    lanes=config.eval_lanes if mode == "eval" else config.batch_size, seed=config.seed,
                    shuffle=config.shuffle, continuous=config.continuous, worker=worker,
                    num_workers=max(1, config.num_workers), **kwargs)
+
+    def _weak_upcoming(self):
+        """_upcoming for the source without a reference cycle: a dropped stream is freed at once, and its remote
+        reader's prefetch stops."""
+        method = weakref.WeakMethod(self._upcoming)
+        return lambda shard_id: method()(shard_id) if method() is not None else []
 
     def _upcoming(self, shard_id: int, ahead: int = 8) -> list[int]:
         """The shards this reader opens after `shard_id` in its plan (the next epoch's too, when endless): what a

@@ -2,7 +2,8 @@
 
 The reader says which shards come next (its ReaderPlan's order, through ShardSource.upcoming); at most `depth` of
 them are fetched or held at a time, one after another in that order, by one thread that exists only while there is
-work (so a dropped stream leaves no thread behind). A fetch that failed raises its DataError when the reader takes
+work, and that holds its owner only weakly (so a dropped stream stops fetching after the current file and leaves no
+thread behind). A fetch that failed raises its DataError when the reader takes
 that shard, exactly as a fetch in the reader's own thread would. Only the order of network transfers changes: what
 the reader receives, and so the cursor, is the same with or without prefetch.
 """
@@ -10,15 +11,24 @@ the reader receives, and so the cursor, is the same with or without prefetch.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 
+def _weak(function: Callable) -> Callable[[], Callable | None]:
+    """A bound method held weakly; a plain function (nothing to keep alive) as it is."""
+    if hasattr(function, "__self__"):
+        return weakref.WeakMethod(function)
+    return lambda: function
+
+
 class Prefetcher:
     def __init__(self, fetch: Callable[[int], Path], release: Callable[[int, Path], None], depth: int):
-        self._fetch = fetch  # shard id -> a local verified copy
-        self._release = release  # called for a copy fetched ahead and then not wanted any more
+        # Bound methods of the owner (shard_files.RemoteShards), held weakly: the worker thread must not keep it alive
+        self._fetch_ref = _weak(fetch)  # shard id -> a local verified copy
+        self._release_ref = _weak(release)  # for a copy fetched ahead and then not wanted any more
         self.depth = depth
         self._lock = threading.Lock()
         self._futures: dict[int, Future] = {}  # shard id -> its fetch, queued, running or done
@@ -56,27 +66,29 @@ class Prefetcher:
                 self._queue.remove(shard_id)
                 future = None
         if future is None:
-            return self._fetch(shard_id)
+            return self._fetch_ref()(shard_id)  # the caller is the owner: it is alive
         return future.result()
 
     def _release_done(self, future: Future) -> None:
-        if not future.cancelled() and future.exception() is None:
-            shard_id, path = future.result_pair
-            self._release(shard_id, path)
+        release = self._release_ref()
+        if release is not None and not future.cancelled() and future.exception() is None:
+            release(*future.result_pair)
 
     def _run(self) -> None:
         while True:
+            fetch = self._fetch_ref()
             with self._lock:
-                if not self._queue:
+                if not self._queue or fetch is None:  # nothing to do, or nobody left to read it
                     self._worker = None
                     return
                 shard_id = self._queue.pop(0)  # a queued shard always has its future (want and take keep both)
                 future = self._futures[shard_id]
                 future.set_running_or_notify_cancel()  # under the lock: take() now waits for it, never re-queues
             try:
-                path = self._fetch(shard_id)
+                path = fetch(shard_id)
             except BaseException as err:  # handed to the reader when it takes the shard
                 future.set_exception(err)
             else:
                 future.result_pair = (shard_id, path)
                 future.set_result(path)
+            del fetch  # between files the owner may go
