@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memlm.data_pipeline.format import DataError
-from memlm.data_pipeline.remote.location import path_or_url
+from memlm.data_pipeline.remote.location import path_or_url, redact
 from memlm.data_pipeline.shards import load_manifest
 from memlm.trainer.checkpoint.run_loader import resolve_eval_config
 from memlm.trainer.checkpoint.store import find_checkpoint, step_of
@@ -97,7 +97,7 @@ def check_runs(run_dirs: list[str], split: str, tgt_len: int, mults: list[int]) 
         manifest = load_manifest(path_or_url(cfg.data.path))
         splits = manifest.get("splits", {})
         if split not in splits:
-            raise DataError(f"{cfg.data.path} (the data of {folder}) has no split {split!r} "
+            raise DataError(f"{redact(cfg.data.path)} (the data of {folder}) has no split {split!r} "
                             f"(it has: {', '.join(splits)})")
         id_file = folder / "mlflow_run_id"
         train_run_id = id_file.read_text().strip() if id_file.is_file() else ""

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline.remote.location import redact
 from memlm.models.pretrained.shape import backbone_shape
 
 # `memlm eval`'s file names (trainer/inference/evaluate.py); training's own passes are step{N}.json.
@@ -52,7 +53,7 @@ def model_card(cfg, marker: dict, manifest: dict, weights_bytes: int) -> str:
         "",
         "## Data",
         f"- corpus: {corpus.get('kind', 'unknown')} ({corpus.get('input', 'unknown input')}), prepared at "
-        f"`{cfg.data.path}`",
+        f"`{redact(cfg.data.path)}`",
         f"- tokens per split: {tokens or 'unknown'}",
         "",
         "## Training",

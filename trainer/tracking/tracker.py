@@ -20,10 +20,12 @@ can hold several trackers, and nothing the trainer or a library does with the fl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Optional
@@ -50,6 +52,7 @@ MAX_PARAM_VALUE = 6000  # MLflow's limit on a param value's length
 RETRY_FIRST_SECONDS = 15.0  # after a failure, the next try; each failed retry doubles the wait ...
 RETRY_MAX_SECONDS = 120.0  # ... up to this
 MAX_BATCHES_PER_CALL = 10  # a catch-up sends the backlog over several calls, never one long stall of a step
+CONFIG_ARTIFACTS = ("config.yaml", "config_changes.jsonl")  # logged with URL credentials redacted
 MAX_QUEUED_METRICS = 200_000  # ~50 MB; beyond it metrics wait in metrics.jsonl (sent from there on reconnection)
 
 # MLflow 3's UI opens an experiment on its GenAI "Traces" tab unless the experiment says it holds model training:
@@ -249,7 +252,8 @@ class Tracker:
                 if kind == "tags":
                     log_tags(self._client, self.run_id, args[0])
                 elif Path(args[0]).exists():  # an artifact removed meanwhile (a resume's rewind) is not an error
-                    self._client.log_artifact(self.run_id, *args)
+                    with without_credentials(Path(args[0])) as shown:
+                        self._client.log_artifact(self.run_id, str(shown), *args[1:])
                 del self._pending[0]
             self._flush_metrics(None if drain else MAX_BATCHES_PER_CALL)
             if self._gap and not self._metrics:
@@ -450,6 +454,24 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+@contextlib.contextmanager
+def without_credentials(path: Path):
+    """The config artifacts as MLflow gets them: a copy with a URL's credentials redacted (data.path may carry a
+    user:password@ or a ?token=, data_pipeline/remote/location.py) where the file has any; else the file itself."""
+    if path.name not in CONFIG_ARTIFACTS:
+        yield path
+        return
+    text = path.read_text()
+    shown = redact(text)
+    if shown == text:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="memlm-artifact-") as folder:
+        copy = Path(folder) / path.name
+        copy.write_text(shown)
+        yield copy
 
 
 def _param_value(value: Any) -> str:
