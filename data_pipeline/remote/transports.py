@@ -114,7 +114,9 @@ def _s3_filesystem(stall_s: float):
     """An s3fs filesystem for the AWS_* environment (endpoint, keys, region); its own retries off: fetch.py counts."""
     import s3fs
 
-    timeouts = {"connect_timeout": stall_s, "read_timeout": stall_s, "retries": {"max_attempts": 1}}
+    # total_max_attempts 1: botocore makes one attempt (its max_attempts counts retries in the legacy mode)
+    timeouts = {"connect_timeout": stall_s, "read_timeout": stall_s,
+                "retries": {"total_max_attempts": 1, "mode": "standard"}}
     fs = s3fs.S3FileSystem(config_kwargs=timeouts, skip_instance_cache=True)
     fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, fetch.py decides about the next
     return fs
@@ -137,13 +139,14 @@ def s3_filesystem(stall_s: float):
 def _s3_failure(url: str, err: Exception) -> Exception:
     """A refusal (missing object, denied access) as DataError; a network or service failure as Broken; anything
     else (a bug, not the network) as it is."""
+    from aiohttp import ClientError as ConnectionFailure  # s3fs's transport: a reset body, a refused connection
     from botocore.exceptions import BotoCoreError, ClientError
 
     if isinstance(err, FileNotFoundError):
         return DataError(f"{redact(url)} does not exist (check data.path and the bucket)")
     if isinstance(err, PermissionError):
         return DataError(f"{redact(url)}: access denied (check the AWS_* credentials in the environment)")
-    if isinstance(err, (OSError, TimeoutError, BotoCoreError, ClientError)):
+    if isinstance(err, (OSError, TimeoutError, BotoCoreError, ClientError, ConnectionFailure)):
         return Broken(f"{type(err).__name__}: {err}")
     return err
 

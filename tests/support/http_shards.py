@@ -10,11 +10,16 @@ Faults, per file path relative to the folder, each for its first `times` request
     stall_after   send N bytes, then send nothing for stall_s seconds (the client's stall timeout fires)
 With `auth=(user, password)` every request must carry that Basic authorization (else 401), so a test can prove the
 credentials in a URL are sent (and, elsewhere, never printed).
+
+FaultProxy puts the same faults in front of another HTTP server (the S3 server of s3_server.py): requests pass
+through to it unchanged and its answers come back, with a fault's reset, 503 or stall applied to a GET of the named
+path ("bucket/key"); a ranged GET counts the fault's byte from the file's start.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import socket
 import struct
 import threading
@@ -81,28 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
-        position = start
         try:
-            while position < len(data):
-                end = min(len(data), position + CHUNK)
-                if fault_now is not None:
-                    for limit in (fault_now.reset_after, fault_now.stall_after):
-                        if limit is not None and position < limit < end:
-                            end = limit  # stop exactly at the fault's byte
-                if fault_now is not None and fault_now.reset_after is not None and position >= fault_now.reset_after:
-                    self.wfile.flush()
-                    # SO_LINGER 0: close() sends RST, the client sees a connection reset mid-body
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.connection.close()
-                    self.close_connection = True
-                    return
-                if fault_now is not None and fault_now.stall_after is not None and position >= fault_now.stall_after:
-                    self.wfile.flush()
-                    time.sleep(fault_now.stall_s)
-                    fault_now = None  # then the rest, to a client that has most likely gone
-                self.wfile.write(data[position:end])
-                position = end
-            self.wfile.flush()
+            _send_faulty(self, data[start:], start, fault_now)
         except OSError:  # the client went away (after a stall it timed out): nothing more to send
             self.close_connection = True
 
@@ -162,3 +147,114 @@ class ShardServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _send_faulty(handler: BaseHTTPRequestHandler, body: bytes, first: int, fault: Fault | None) -> None:
+    """Write `body` (bytes from file offset `first`) with `fault`'s reset or stall at its file offset."""
+    position = 0
+    while position < len(body):
+        end = min(len(body), position + CHUNK)
+        at = first + position
+        for limit in (None if fault is None else fault.reset_after, None if fault is None else fault.stall_after):
+            if limit is not None and at < limit < first + end:
+                end = limit - first
+        if fault is not None and fault.reset_after is not None and at >= fault.reset_after:
+            handler.wfile.flush()
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            handler.connection.close()
+            handler.close_connection = True
+            return
+        if fault is not None and fault.stall_after is not None and at >= fault.stall_after:
+            handler.wfile.flush()
+            time.sleep(fault.stall_s)
+            fault = None
+        handler.wfile.write(body[position:end])
+        position = end
+    handler.wfile.flush()
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    server: "_Server"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._forward("HEAD")
+
+    def do_GET(self) -> None:
+        self._forward("GET")
+
+    def _forward(self, method: str) -> None:
+        owner = self.server.owner
+        key = unquote(urlsplit(self.path).path).lstrip("/")
+        first, last = 0, None
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes="):
+            low, _, high = ranged[len("bytes="):].partition("-")
+            first, last = int(low), int(high) if high else None
+        fault_now = None
+        with owner.lock:
+            fault = owner.faults.get(key) if method == "GET" else None
+            if fault is not None and fault.unavailable > 0:
+                fault.unavailable -= 1
+                owner.requests.append((key, first, 503))
+                unavailable = True
+            else:
+                unavailable = False
+                # A reset or stall fires on a request whose range holds its byte (S3 reads a file in several ranges)
+                at = fault.reset_after if fault is not None and fault.reset_after is not None else (
+                    fault.stall_after if fault is not None else None)
+                if at is not None and first <= at and (last is None or at <= last) and fault.served < fault.times:
+                    fault_now = fault
+                    fault.served += 1
+        if unavailable:
+            body = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        upstream = http.client.HTTPConnection(*owner.upstream, timeout=30)
+        try:
+            upstream.request(method, self.path, headers=dict(self.headers.items()))
+            answer = upstream.getresponse()
+            body = answer.read()
+        finally:
+            upstream.close()
+        if method == "GET":
+            owner.log(key, first, answer.status)
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("connection", "transfer-encoding", "server", "date"):
+                self.send_header(name, value)
+        self.end_headers()
+        if method == "HEAD":
+            return
+        try:
+            _send_faulty(self, body, first, fault_now)
+        except OSError:
+            self.close_connection = True
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+
+class FaultProxy(ShardServer):
+    """ShardServer's faults in front of `upstream` ("http://host:port"); `url` is the proxy's address."""
+
+    def __init__(self, upstream: str):
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.auth = None
+        self.faults = {}
+        self.requests = []
+        self.lock = threading.Lock()
+        self._server = _Server(("127.0.0.1", 0), _ProxyHandler)
+        self._server.owner = self
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)

@@ -22,8 +22,9 @@ from support.http_shards import Fault, ShardServer
 from support.training import make_data
 
 LANES, SEG, SEED = 2, 32, 7
-# Fast policy for loopback: a stall is 0.5 s without a byte, waits of 10-40 ms between attempts.
-FAST = RemoteConfig(retries=3, stall_s=0.5, backoff_s=0.01, backoff_max_s=0.04, prefetch=2)
+# Quick waits between attempts (10-40 ms); a stall is 10 s without a byte, so a busy CI machine never looks like one,
+# except in the stall test (1 s, against a 3 s stall).
+FAST = RemoteConfig(retries=3, stall_s=10.0, backoff_s=0.01, backoff_max_s=0.04, prefetch=2)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_a_fault_recovers_with_the_same_tokens(data, server, kind):
     server.faults[target] = FAULTS[kind](size)
     server.faults["manifest.json"] = Fault(unavailable=1)
     want = take(stream(data), 300)
-    far = stream(remote(server.url))
+    far = stream(remote(server.url, stall_s=1.0 if kind == "stall" else FAST.stall_s))
     assert_same(take(far, 300), want)
     retries = far.source.remote.fetcher.stats.retries
     assert retries == (2 if kind == "503 twice" else 1), server.requests

@@ -363,8 +363,10 @@ def test_flatten_has_every_key_dotted():
     flat = flatten(cfg)
     assert flat["model.arch"] == "txl" and flat["train.adam_betas"] == [0.9, 0.999]
     assert flat["deepspeed.precision"] == "fp32" and flat["eval.clamp_len"] is None
-    sections = config_to_dict(cfg)
-    assert len(flat) == sum(len(keys) for keys in sections.values())
+    def leaves(tree: dict) -> int:  # a nested section (data.remote) counts its keys; an empty mapping is one value
+        return sum(leaves(value) if isinstance(value, dict) and value else 1 for value in tree.values())
+
+    assert len(flat) == leaves(config_to_dict(cfg)) and flat["data.remote.prefetch"] == 2
     # every flattened value works as a command-line override (str fields take the raw text, the rest YAML)
     texts = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in flat.items()]
     assert config_from_dict({}, texts) == cfg
