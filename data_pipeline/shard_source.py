@@ -24,6 +24,7 @@ import numpy as np
 
 from .doc_order import ShardSpan
 from .format import MANIFEST, DataError, token_dtype
+from .remote.fetch import FetchFailed
 from .remote.location import Location, as_location
 from .shards import load_manifest, read_shard
 
@@ -102,6 +103,8 @@ class ShardSource:
     def _corrupt(self, shard_id: int, err: Exception) -> None:
         """Raise DataError naming the file, or (skip_corrupt) remember the shard and warn with the count."""
         path = self.path(shard_id)
+        if isinstance(err, FetchFailed):  # the source is away, the shard is not known to be bad: never skipped
+            raise err
         if not self.skip_corrupt:
             if isinstance(err, DataError) and str(path) in str(err):
                 raise err

@@ -24,6 +24,11 @@ from .location import redact
 from .transports import Broken, read_from
 
 
+class FetchFailed(DataError):
+    """A file given up after data.remote.retries failed attempts: the source is away, not the data wrong (the trainer
+    adds the checkpoint a --resume continues from)."""
+
+
 class FetchStats:
     """Counts for tests, logs and the benchmark: files fetched, bytes received, retries made (thread-safe)."""
 
@@ -85,9 +90,9 @@ class Fetcher:
                 self.stats.add(retries=1)
                 where = f"byte {received:,}" + (f" of {size:,}" if size is not None else "")
                 if failures > opts.retries:
-                    raise DataError(f"cannot read {redact(url)}: {redact(str(err))} at {where}, {failures} attempts "
-                                    f"(data.remote.retries={opts.retries}); check the server or the network and "
-                                    "resume the run from its last checkpoint (--resume)") from None
+                    raise FetchFailed(f"cannot read {redact(url)}: {redact(str(err))} at {where}, {failures} "
+                                      f"attempts (data.remote.retries={opts.retries}); check the server or the "
+                                      "network") from None
                 wait = min(opts.backoff_max_s, opts.backoff_s * 2 ** (failures - 1))
                 if not self.quiet:
                     print(f"memlm: data: {redact(url)}: {redact(str(err))} at {where}; retry {failures} of "

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memlm.data_pipeline.hf_tokenizer import check_backbone_tokenizer
+from memlm.data_pipeline.remote.fetch import FetchFailed
 from memlm.data_pipeline.remote.location import location_of
 from memlm.data_pipeline.shards import check_vocab_size, load_manifest
 from memlm.data_pipeline.stream import LaneStream
@@ -410,7 +411,8 @@ class Trainer:
         except (Preempted, KeyboardInterrupt, SystemExit, TrainingStopped):
             raise
         except Exception as exc:
-            raised = self.watch.failed(exc) if self.watch is not None else exc
+            named = self._with_last_checkpoint(exc)
+            raised = self.watch.failed(named) if self.watch is not None else named
             if raised is exc:
                 raise
             raise raised from None
@@ -419,6 +421,16 @@ class Trainer:
                 self.watch.stop()
             heartbeat.stop()
             run_lock.release(self.run_dir)
+
+    def _with_last_checkpoint(self, exc: Exception) -> Exception:
+        """A data source that stayed away past data.remote.retries (a URL's shard, data_pipeline/remote/fetch.py) ends
+        the run with the checkpoint that `--resume` continues from, in the same line."""
+        if not isinstance(exc, FetchFailed):
+            return exc
+        tag = checkpoint.latest_tag(self.ckpt_dir)
+        where = (f"the last checkpoint is {self.ckpt_dir / tag}: `memlm train ... --resume` continues from it"
+                 if tag else "no checkpoint was saved yet: the run starts over")
+        return FetchFailed(f"{exc}; {where}")
 
     def _fit(self, stop_at: int | None) -> Path:
         tag, reshard = self.resume_tag, self.reshard

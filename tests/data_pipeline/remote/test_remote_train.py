@@ -9,8 +9,9 @@ import json
 import pytest
 
 from memlm.data_pipeline.shards import load_manifest
+from memlm.data_pipeline.stream import LaneStream
 from support.http_shards import Fault, ShardServer
-from support.training import losses, make_data, subprocess_train
+from support.training import losses, make_data, metrics, overrides, preset, subprocess_train
 
 
 @pytest.mark.slow
@@ -33,3 +34,32 @@ def test_memlm_train_from_http_gives_the_local_losses(tmp_path):
         assert remote == local
     for text in (far.stdout, far.stderr):
         assert secret not in text and token not in text
+
+
+@pytest.mark.slow
+def test_a_shard_away_past_the_budget_ends_the_run_naming_the_last_checkpoint(tmp_path, capsys):
+    """The run reads its first block of shards; every later shard answers 503 for good: the run ends with one line
+    naming the shard's URL and the checkpoint that --resume continues from."""
+    from memlm.cli import main
+    from memlm.trainer.config.run_config import load_config
+
+    data = make_data(tmp_path, shard_tokens=100)  # a document or two per shard: the first block ends early
+    extra = {"train__steps": 400, "train__save_every": 4, "data__remote__retries": 1, "data__remote__backoff_s": 0.01}
+    cfg = load_config(preset("txl"), overrides(data, **extra))
+    stream = LaneStream.from_config(cfg.data, "train", mode="train", seg_len=cfg.model.tgt_len)
+    first_block = stream.plan.blocks(0)[0][0].shard_ids
+    out = tmp_path / "run"
+    with ShardServer(data) as server:
+        for shard_id, shard in enumerate(stream.source.shards):
+            if shard_id not in first_block:
+                server.faults[shard["path"]] = Fault(unavailable=10**6)
+        rc = main(["train", preset("txl"), *overrides(server.url, **extra), "--out", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("memlm: error:")]
+    assert rc != 0 and len(errors) == 1, errors
+    steps = [row["step"] for row in metrics(out)]
+    assert 4 <= max(steps) < 400
+    saved = max(step for step in steps if step % 4 == 0)
+    assert f"cannot read {server.url}/train/train-" in errors[0] and "2 attempts (data.remote.retries=1)" in errors[0]
+    assert (out / "checkpoints" / f"global_step{saved}").is_dir()  # DeepSpeed's tag for the step's folder
+    assert f"the last checkpoint is {out / 'checkpoints' / f'global_step{saved}'}: `memlm train ... --resume`" \
+        in errors[0]
