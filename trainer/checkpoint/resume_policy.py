@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlm.data_pipeline.remote.location import redact
 from memlm.trainer.config.run_config import flatten, load_config
 
 from .errors import ResumeError
@@ -132,7 +133,8 @@ def _plain(value: Any) -> Any:
 
 
 def _show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+    """A value as the resume lines print it; a URL's credentials (data.path) redacted."""
+    return repr(redact(value)) if isinstance(value, str) else str(value)
 
 
 def check_resume(cfg, run_dir: Path, folder: Path, step: int) -> list[Change]:

@@ -11,7 +11,7 @@ import pytest
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from support.http_shards import Fault, ShardServer
-from support.training import losses, make_data, metrics, overrides, preset, subprocess_train
+from support.training import losses, make_data, metrics, overrides, preset, subprocess_train, train_in_process
 
 
 @pytest.mark.slow
@@ -63,3 +63,22 @@ def test_a_shard_away_past_the_budget_ends_the_run_naming_the_last_checkpoint(tm
     assert (out / "checkpoints" / f"global_step{saved}").is_dir()  # DeepSpeed's tag for the step's folder
     assert f"the last checkpoint is {out / 'checkpoints' / f'global_step{saved}'}: `memlm train ... --resume`" \
         in errors[0]
+
+
+@pytest.mark.slow
+def test_a_run_started_on_the_local_folder_resumes_from_the_url(tmp_path, capfd):
+    """The cursor refers to the manifest, not to where the shards are: stopped at step 4 on the local folder and
+    resumed from the HTTP URL of the same folder, the run writes the losses of one uninterrupted local run."""
+    data = make_data(tmp_path, shard_tokens=1000)
+    common = {"train__steps": 8, "train__save_every": 4}
+    whole = train_in_process("txl", data, tmp_path / "whole", **common)
+    train_in_process("txl", data, tmp_path / "moved", stop_at=4, **common)
+    capfd.readouterr()
+    with ShardServer(data, auth=("mover", "pw-resume-7f3a")) as server:
+        url = f"http://mover:pw-resume-7f3a@{server.url[len('http://'):]}"
+        train_in_process("txl", url, tmp_path / "moved", resume=True, **common)
+        assert any(path.endswith(".tar") for path, _, _ in server.requests)
+    printed = capfd.readouterr().err
+    assert "resumed from" in printed and "at step 4" in printed  # resumed, not started over
+    assert "data.path" in printed and "pw-resume-7f3a" not in printed  # the change is said, redacted
+    assert losses(tmp_path / "moved") == {row["step"]: row["loss"] for row in whole} and len(whole) == 8
