@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
 import tarfile
 import warnings
@@ -182,7 +183,11 @@ class ShardSource:
         entry = self.shards[shard_id]
         key = (entry["sha256"], self.dtype.itemsize)
         if key not in _REMOTE_LENGTHS:
-            local = self.remote.open(shard_id, [])
+            # The pass reads the shards in order: the next unscanned ones are fetched meanwhile
+            ahead = list(itertools.islice((s for s in range(shard_id + 1, len(self.shards))
+                                           if (self.shards[s]["sha256"], self.dtype.itemsize) not in _REMOTE_LENGTHS),
+                                          8))
+            local = self.remote.open(shard_id, ahead)
             try:
                 stat = local.stat()
                 found = _scan_lengths(str(local), entry["sha256"], stat.st_size, stat.st_mtime_ns,

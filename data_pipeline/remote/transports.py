@@ -197,7 +197,10 @@ def _pipe(command: str, start: int, stall_s: float) -> Iterator[bytes]:
                         continue
                     data, skip = data[skip:], 0
                 yield data
-            code = process.wait(timeout=stall_s)
+            try:
+                code = process.wait(timeout=stall_s)
+            except subprocess.TimeoutExpired:  # stdout closed but the command lingers
+                raise Broken(f"the command did not exit {stall_s:g} s after its output ended") from None
             if code != 0:
                 errors.seek(0)
                 last = errors.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
