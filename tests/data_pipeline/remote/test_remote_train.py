@@ -68,7 +68,10 @@ def test_a_shard_away_past_the_budget_ends_the_run_naming_the_last_checkpoint(tm
 @pytest.mark.slow
 def test_a_run_started_on_the_local_folder_resumes_from_the_url(tmp_path, capfd):
     """The cursor refers to the manifest, not to where the shards are: stopped at step 4 on the local folder and
-    resumed from the HTTP URL of the same folder, the run writes the losses of one uninterrupted local run."""
+    resumed from the HTTP URL of the same folder, the run writes the losses of one uninterrupted local run; memlm eval
+    reads the run's URL as it reads the folder."""
+    from memlm.cli import main
+
     data = make_data(tmp_path, shard_tokens=1000)
     common = {"train__steps": 8, "train__save_every": 4}
     whole = train_in_process("txl", data, tmp_path / "whole", **common)
@@ -78,7 +81,12 @@ def test_a_run_started_on_the_local_folder_resumes_from_the_url(tmp_path, capfd)
         url = f"http://mover:pw-resume-7f3a@{server.url[len('http://'):]}"
         train_in_process("txl", url, tmp_path / "moved", resume=True, **common)
         assert any(path.endswith(".tar") for path, _, _ in server.requests)
+        # memlm eval of the run (its config.yaml now names the URL) scores what it scores on the local folder
+        assert main(["eval", str(tmp_path / "moved"), "--json", str(tmp_path / "far.json")]) == 0
+    assert main(["eval", str(tmp_path / "moved"), "--data", str(data), "--json", str(tmp_path / "near.json")]) == 0
     printed = capfd.readouterr().err
     assert "resumed from" in printed and "at step 4" in printed  # resumed, not started over
     assert "data.path" in printed and "pw-resume-7f3a" not in printed  # the change is said, redacted
+    far, near = (json.loads((tmp_path / name).read_text()) for name in ("far.json", "near.json"))
+    assert far["nll"] == near["nll"] and far["tokens"] == near["tokens"] > 0
     assert losses(tmp_path / "moved") == {row["step"]: row["loss"] for row in whole} and len(whole) == 8
