@@ -173,6 +173,13 @@ def test_shard_lists_in_brace_notation(data, server):
     config = DataConfig(path=server.url, remote=FAST, shards=ShardLists(train=listed))
     assert_same(take(LaneStream.from_config(config, "train", mode="train", seg_len=SEG), 200),
                 take(LaneStream.from_config(DataConfig(path=str(data)), "train", mode="train", seg_len=SEG), 200))
+    # a local folder whose shards are listed elsewhere (here: the same files by absolute path) reads them the same way
+    elsewhere = DataConfig(path=str(data), remote=FAST,
+                           shards=ShardLists(train=f"{data}/train/train-{{00000..{count - 1:05d}}}.tar"))
+    listed_stream = LaneStream.from_config(elsewhere, "train", mode="train", seg_len=SEG)
+    assert listed_stream.source.remote is not None
+    assert_same(take(listed_stream, 200),
+                take(LaneStream.from_config(DataConfig(path=str(data)), "train", mode="train", seg_len=SEG), 200))
     short = DataConfig(path=server.url, shards=ShardLists(train=f"{server.url}/train/train-{{00000..00001}}.tar"))
     with pytest.raises(DataError, match=rf"data.shards.train names 2 shards .* lists {count} for split 'train'"):
         LaneStream.from_config(short, "train", mode="train", seg_len=SEG)
