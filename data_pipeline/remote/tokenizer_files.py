@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..format import TOKENIZER_DIR, DataError
 from .fetch import Fetcher
-from .location import as_location, is_remote
+from .location import Location, as_location, is_remote
 
 _FETCHED: dict[tuple[str, str], Path] = {}  # (data folder, tokenizer sha256) -> its local copy in this process
 
@@ -25,7 +25,8 @@ def tokenizer_folder(data_dir, manifest: dict) -> Path:
     """The local folder holding the data's tokenizer (for a URL: fetched once per process and checked)."""
     rel = manifest["tokenizer"].get("path", TOKENIZER_DIR)
     if not is_remote(data_dir):
-        return Path(getattr(data_dir, "root", data_dir)) / rel
+        # A Location's root string, or the folder itself (not getattr(.., "root"): every Path has a .root, "/")
+        return Path(data_dir.root if isinstance(data_dir, Location) else data_dir) / rel
     location = as_location(data_dir)
     expected = str(manifest["tokenizer"].get("sha256", ""))
     key = (location.root, expected)

@@ -133,3 +133,15 @@ def test_prefetch_is_bounded_ordered_and_hands_over_its_errors(tmp_path):
 
 def test_default_options_are_documented_values():
     assert RemoteConfig().prefetch == 2 and RemoteConfig().cache_dir == ""
+
+
+def test_a_local_folders_tokenizer_is_the_folder_beside_its_manifest(tmp_path):
+    """A local data folder, given as a relative or absolute Path, a str or a Location, names its own tokenizer
+    folder (a Path's .root, "/" or "", is not the data folder: that mistake sent `memlm export` to ./tokenizer)."""
+    from memlm.data_pipeline.remote.tokenizer_files import tokenizer_folder
+
+    manifest = {"tokenizer": {"path": "tokenizer"}}
+    absolute = tmp_path / "data"
+    for given in (absolute, str(absolute), as_location(str(absolute))):
+        assert tokenizer_folder(given, manifest) == absolute / "tokenizer"
+    assert tokenizer_folder(Path("data/wt2"), manifest) == Path("data/wt2/tokenizer")
