@@ -243,10 +243,10 @@ def _run_prepare(args: argparse.Namespace) -> int:
                 raise DataError(f"--task-option {item!r}: give KEY=VALUE for an option other than docs, length "
                                 "and seed (they have their own flags)")
             task_options[key] = value
-    manifest = prepare(args.corpus, args.input, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                       task=args.task, task_options=task_options, shard_tokens=args.shard_tokens,
-                       split_pages=args.split_pages, workers=args.workers, overwrite=args.overwrite,
-                       tokenizer_from=args.tokenizer_from)
+    manifest = _prepared_at(args, lambda out, overwrite: prepare(
+        args.corpus, args.input, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size, task=args.task,
+        task_options=task_options, shard_tokens=args.shard_tokens, split_pages=args.split_pages,
+        workers=args.workers, overwrite=overwrite, tokenizer_from=args.tokenizer_from))
     heartbeat.phase(None)
     tok = manifest["tokenizer"]
     source = f" from {tok['source']}" if "source" in tok else ""  # a backbone's tokenizer.json
@@ -255,6 +255,28 @@ def _run_prepare(args: argparse.Namespace) -> int:
         print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "
               f"{len(entry['shards'])} shard(s)")
     return 0
+
+
+def _prepared_at(args: argparse.Namespace, build) -> dict:
+    """build(out, overwrite) into --out; for an s3:// --out into a local staging folder, then uploaded there
+    (data_pipeline/remote/upload.py: manifest.json last, files already uploaded whole skipped)."""
+    from memlm.data_pipeline.remote.location import is_remote  # keeps --help numpy-free
+
+    if not is_remote(args.out):
+        return build(args.out, args.overwrite)
+    import tempfile
+
+    from memlm.data_pipeline.remote import upload
+
+    folder = upload.check_destination(args.out)  # no credentials, no bucket: refused before prepare
+    with tempfile.TemporaryDirectory(prefix="memlm-prepare-") as staging:
+        manifest = build(Path(staging) / "data", False)
+        heartbeat.phase(f"uploading to {folder.where.display()}")
+        done = upload.upload(Path(staging) / "data", folder, args.overwrite)
+    skipped = f", {done.skipped} already there whole (skipped)" if done.skipped else ""
+    print(f"uploaded {done.sent} file(s), {done.nbytes / 1e6:.1f} MB, to {folder.where.display()}{skipped}; "
+          "manifest.json last")
+    return manifest
 
 
 def _run_prepare_babilong(args: argparse.Namespace) -> int:
@@ -274,8 +296,9 @@ def _run_prepare_babilong(args: argparse.Namespace) -> int:
     if missing:
         raise DataError(f"--corpus babilong needs {', '.join(missing)}: it reads one task (--task) at one length "
                         "(--babilong-length) of a downloaded BABILong folder (--input)")
-    manifest = prepare_babilong(args.input, args.task, args.babilong_length, args.out, docs=args.task_docs,
-                                overwrite=args.overwrite, shard_tokens=args.shard_tokens)
+    manifest = _prepared_at(args, lambda out, overwrite: prepare_babilong(
+        args.input, args.task, args.babilong_length, out, docs=args.task_docs, overwrite=overwrite,
+        shard_tokens=args.shard_tokens))
     print(f"{args.out}: BABILong {args.task} at {args.babilong_length} from {args.input}, tokenizer bytes (vocab 256)")
     for split, entry in manifest["splits"].items():
         print(f"  {split}: {entry['documents']:,} documents, {entry['tokens']:,} tokens, "

@@ -13,7 +13,8 @@ credentials in a URL are sent (and, elsewhere, never printed).
 
 FaultProxy puts the same faults in front of another HTTP server (the S3 server of s3_server.py): requests pass
 through to it unchanged and its answers come back, with a fault's reset, 503 or stall applied to a GET of the named
-path ("bucket/key"); a ranged GET counts the fault's byte from the file's start.
+path ("bucket/key"); a ranged GET counts the fault's byte from the file's start. Writes (PUT, POST, DELETE) pass
+through too, each logged in `writes`; a fault's `unavailable` refuses the named key's first writes with 503.
 """
 
 from __future__ import annotations
@@ -188,6 +189,51 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._forward("GET")
 
+    def do_PUT(self) -> None:
+        self._forward_write("PUT")
+
+    def do_POST(self) -> None:
+        self._forward_write("POST")
+
+    def do_DELETE(self) -> None:
+        self._forward_write("DELETE")
+
+    def _forward_write(self, method: str) -> None:
+        """A write passed through (an upload's PUT, a multipart POST, a DELETE), logged in owner.writes; a fault's
+        `unavailable` answers 503 to the named key's first writes instead."""
+        owner = self.server.owner
+        key = unquote(urlsplit(self.path).path).lstrip("/")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with owner.lock:
+            fault = owner.faults.get(key)
+            refused = fault is not None and fault.unavailable > 0
+            if refused:
+                fault.unavailable -= 1
+            owner.writes.append((method, key, 503 if refused else None))
+        if refused:
+            return self._answer(503, [("Content-Type", "application/xml")],
+                                b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>")
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
+        upstream = http.client.HTTPConnection(*owner.upstream, timeout=30)
+        try:
+            upstream.request(method, self.path, body=body, headers=headers)
+            answer = upstream.getresponse()
+            data = answer.read()
+        finally:
+            upstream.close()
+        with owner.lock:
+            owner.writes[-1] = (method, key, answer.status)
+        self._answer(answer.status, answer.getheaders(), data)
+
+    def _answer(self, status: int, headers, body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers:
+            if name.lower() not in ("connection", "transfer-encoding", "server", "date", "content-length"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _forward(self, method: str) -> None:
         owner = self.server.owner
         key = unquote(urlsplit(self.path).path).lstrip("/")
@@ -256,6 +302,7 @@ class FaultProxy(ShardServer):
         self.auth = None
         self.faults = {}
         self.requests = []
+        self.writes: list[tuple[str, str, int | None]] = []  # (method, "bucket/key", status) per write
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _ProxyHandler)
         self._server.owner = self
