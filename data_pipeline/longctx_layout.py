@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import islice
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class Words:
         while len(self.queue) < count:
             self.queue.extend(self.sentences[self.next_sentence % len(self.sentences)].split(" "))
             self.next_sentence += 1
-        return [self.queue[i] for i in range(count)]
+        return list(islice(self.queue, count))  # not queue[i] for each i: a deque indexes its middle in O(n)
 
     def take(self, count: int) -> list[str]:
         self.peek(count)
@@ -55,15 +56,31 @@ class Words:
 
 
 def _exact_top_up(words: list[str], target: int) -> list[int] | None:
-    """Indices (increasing) of words whose lengths plus one space each add up to `target`; None if none do."""
-    ways: dict[int, list[int]] = {0: []}
+    """Indices (increasing) of words whose lengths plus one space each add up to `target`; None if none do.
+
+    Each word in turn extends every total reached with the words before it (each word used once); a total keeps
+    the choice that reached it first, so the answer is the one of the earliest word that completes `target`, made
+    of the earliest choices. The totals reached are the bits of an int: one shift and mask per word, and only a
+    total new at word i is recorded (by the word and the total it came from, to walk the choice back).
+    """
+    reached, limit = 1, (1 << (target + 1)) - 1  # bit t: total t reached (0: no words)
+    came_by: dict[int, tuple[int, int]] = {}  # total -> (word index, the total before that word)
     for i, word in enumerate(words):
         cost = len(word) + 1
-        for total, chosen in list(ways.items()):
-            if total + cost <= target and total + cost not in ways:
-                ways[total + cost] = chosen + [i]
-        if target in ways:
-            return ways[target]
+        new = (reached << cost) & limit & ~reached
+        if not new:
+            continue
+        reached |= new
+        while new:
+            total = new.bit_length() - 1
+            new ^= 1 << total
+            came_by[total] = (i, total - cost)
+        if reached >> target & 1:
+            chosen, total = [], target
+            while total:
+                i, total = came_by[total]
+                chosen.append(i)
+            return chosen[::-1]
     return None
 
 
@@ -97,7 +114,8 @@ def fill(words: Words, size: int) -> str:
         text = text.rpartition(" ")[0]
     missing = size - len(text) - bool(text)
     ahead = words.peek(FAR)
-    index = next((i for i, word in enumerate(ahead) if len(word) == missing), None)
+    lengths = list(map(len, ahead))
+    index = lengths.index(missing) if missing in lengths else None
     word = words.take(index + 1)[-1] if index is not None else "".join(ahead)[:missing]
     return (text + " " if text else "") + word
 

@@ -324,9 +324,22 @@ def test_readme_commands_run_as_written(tmp_path):
     demo, demo_by_id = _compare_rows(clone / "compare" / "memlm-demo")
     assert len(demo) == len(demo_by_id) == 3 and all(re.fullmatch(r"demo-(transformer|txl|lamemo)-stdlib-bytes-"
                                                                   r"[0-9a-f]{6}", run) for run in demo), list(demo)
-    # The demo as written (3 steps here): its table, memory-effect lines and MLflow runs (tests/cli/test_demo.py
-    # checks a second demo into the same folder, on one arch).
+    # The demo as written (3 steps here): its table, memory-effect lines, MLflow runs and where to look next
+    # (tests/cli/test_demo.py checks a second demo into the same folder, on one arch).
     check_demo_output(next(text for command, text in pieces if command.startswith(DEMO)), clone / "mlflow.db")
+
+    # The two launchers (2 ranks each, as written) train the same run: every step, the same loss and tokens, and
+    # a 2-rank checkpoint (this was tests/trainer/loop/test_launchers.py's own pair of launches).
+    launched = {d: [json.loads(line) for line in (clone / "runs" / d / "metrics.jsonl").read_text().splitlines()]
+                for d in ("txl", "txl-ds")}
+    by_torchrun, by_deepspeed = launched["txl"], launched["txl-ds"]
+    assert [r["step"] for r in by_torchrun] == [r["step"] for r in by_deepspeed] == list(range(1, 21))
+    assert [r["tokens"] for r in by_torchrun] == [r["tokens"] for r in by_deepspeed]
+    for a, b in zip(by_torchrun, by_deepspeed):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-5), (a, b)
+    for d in launched:
+        meta = json.loads((clone / "runs" / d / "checkpoints" / "global_step20" / "meta.json").read_text())
+        assert meta.get("world_size") == 2, (d, meta)
 
     # Training takes model.vocab_size from the word data's manifest, and says so (issue 32).
     first_train = next(text for command, text in pieces if command.startswith("memlm train tiny/lamemo"))
@@ -382,4 +395,12 @@ def check_demo_output(out: str, store: Path) -> None:
     for r in by_arch.values():
         assert r.info.status == "FINISHED" and "loss" in r.data.metrics and "test_nll" in r.data.metrics
         assert r.info.run_name in out  # the demo says which runs are its own
+    # Where to look next: memlm's saved view of the experiment's runs table in `memlm ui`, and `memlm compare`.
+    experiment_id = client.get_experiment_by_name("memlm-demo").experiment_id
+    view = (f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?viewStateShareKey=memlm"
+            "&workflowType=machine_learning")
+    assert re.search(rf"memlm ui   \(then {re.escape(view)}\)", out), out
+    assert re.search(r"memlm compare --experiment memlm-demo", out), out
+    # MLflow's start-up lines of the fresh store go to the demo's library.log, not to the console.
+    assert "Creating initial MLflow database tables" in (store.parent / "runs" / "demo" / "library.log").read_text()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,8 +84,9 @@ def test_killed_during_save_leaves_previous_checkpoint(data, tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
-    """2 ranks: ZeRO 1/2/3 give ZeRO 0's losses (float tolerance); ZeRO 2 resume is exact; then a single process
-    resuming the 2-rank checkpoint is refused with exit 2 and a message naming both world sizes."""
+    """2 ranks: ZeRO 1/2/3 give ZeRO 0's losses (float tolerance); ZeRO 2 resume from its mid-run checkpoint is exact
+    (the --stop-at path to that checkpoint is the kill matrix's); then a single process resuming the 2-rank checkpoint
+    is refused with exit 2 and a message naming both world sizes."""
     runs = {}
     for zero in (0, 1, 2, 3):
         out = tmp_path / f"z{zero}"
@@ -94,10 +96,15 @@ def test_two_ranks_zero_stages_agree_and_resume(data, tmp_path, capsys):
         assert runs[zero].keys() == runs[0].keys()
         for step, loss in runs[0].items():
             assert runs[zero][step] == pytest.approx(loss, rel=1e-5, abs=1e-5), (zero, step)
-    split = tmp_path / "z2split"
-    torchrun("txl", data, split, stop_at=K, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K)
+    # Resume: the ZeRO-2 run as a crash after its step-K save leaves it (its folder, without what came later),
+    # resumed under the same launcher, ends on the uninterrupted run's losses.
+    split = tmp_path / "z2resumed"
+    shutil.copytree(tmp_path / "z2", split)
+    shutil.rmtree(split / "checkpoints" / f"global_step{2 * K}")
+    (split / "checkpoints" / "latest").write_text(f"global_step{K}")
+    (split / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in metrics(split) if row["step"] <= K))
     torchrun("txl", data, split, resume=True, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K)
-    assert losses(split) == runs[2]
+    assert losses(split) == runs[2] and [row["step"] for row in metrics(split)] == list(range(1, 2 * K + 1))
 
     proc = subprocess.run([sys.executable, "-m", "memlm", "train", preset("txl"),
                            *overrides(data, deepspeed__zero_stage=2, train__steps=2 * K, train__save_every=K),
