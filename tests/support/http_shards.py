@@ -15,6 +15,8 @@ FaultProxy puts the same faults in front of another HTTP server (the S3 server o
 through to it unchanged and its answers come back, with a fault's reset, 503 or stall applied to a GET of the named
 path ("bucket/key"); a ranged GET counts the fault's byte from the file's start. Writes (PUT, POST, DELETE) pass
 through too, each logged in `writes`; a fault's `unavailable` refuses the named key's first writes with 503.
+`latency_s` and `bytes_per_s` make every read look far away (bench/benchmarks/bench_remote.py); a FaultProxy in front
+of a ShardServer does the same for plain HTTP.
 """
 
 from __future__ import annotations
@@ -152,10 +154,17 @@ class ShardServer:
         self.stop()
 
 
-def _send_faulty(handler: BaseHTTPRequestHandler, body: bytes, first: int, fault: Fault | None) -> None:
-    """Write `body` (bytes from file offset `first`) with `fault`'s reset or stall at its file offset."""
+def _send_faulty(handler: BaseHTTPRequestHandler, body: bytes, first: int, fault: Fault | None,
+                 bytes_per_s: float = 0.0) -> None:
+    """Write `body` (bytes from file offset `first`) with `fault`'s reset or stall at its file offset, paced to
+    `bytes_per_s` when given (a link's bandwidth, per connection)."""
     position = 0
+    began = time.perf_counter()
     while position < len(body):
+        if bytes_per_s:
+            ahead = position / bytes_per_s - (time.perf_counter() - began)
+            if ahead > 0:
+                time.sleep(ahead)
         end = min(len(body), position + CHUNK)
         at = first + position
         for limit in (None if fault is None else fault.reset_after, None if fault is None else fault.stall_after):
@@ -265,6 +274,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if owner.latency_s:
+            time.sleep(owner.latency_s)
         upstream = http.client.HTTPConnection(*owner.upstream, timeout=30)
         try:
             upstream.request(method, self.path, headers=dict(self.headers.items()))
@@ -282,7 +293,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if method == "HEAD":
             return
         try:
-            _send_faulty(self, body, first, fault_now)
+            _send_faulty(self, body, first, fault_now, owner.bytes_per_s)
         except OSError:
             self.close_connection = True
 
@@ -303,6 +314,8 @@ class FaultProxy(ShardServer):
         self.faults = {}
         self.requests = []
         self.writes: list[tuple[str, str, int | None]] = []  # (method, "bucket/key", status) per write
+        self.latency_s = 0.0  # a wait before every read (GET, HEAD) is forwarded: a far server's round trip
+        self.bytes_per_s = 0.0  # a read's body paced to this rate, per connection (0: as fast as loopback goes)
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _ProxyHandler)
         self._server.owner = self
