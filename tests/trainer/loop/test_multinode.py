@@ -123,10 +123,11 @@ def one_node(data, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
-def test_two_nodes_train_as_one_node(launcher, data, one_node, tmp_path):
+def test_two_nodes_train_as_one_node(data, one_node, tmp_path):
+    """Under torchrun; the deepspeed launcher's two nodes train the same run in the kill-and-resume test below (its
+    losses of every step and its final weights are the one node's too)."""
     out = tmp_path / "run"
-    for node in two_nodes(launcher, data, out, tmp_path):
+    for node in two_nodes("torchrun", data, out, tmp_path):
         assert node["rc"] == 0, node["output"][-4000:]
     two, one = losses(out), losses(one_node)
     assert sorted(two) == list(range(1, STEPS + 1))
@@ -137,12 +138,14 @@ def test_two_nodes_train_as_one_node(launcher, data, one_node, tmp_path):
 
 def test_node_killed_mid_run_then_resumed_ends_on_the_uninterrupted_weights(data, one_node, tmp_path):
     """Rank 1's node dies (SIGKILL) in step 3: both nodes' commands end, the step-2 checkpoint is intact, and both
-    nodes rerun with --resume finish on exactly the uninterrupted run's weights."""
+    nodes rerun with --resume finish on exactly the uninterrupted run's losses and weights. Under the deepspeed
+    launcher (torchrun's two nodes are the test above): its steps 1-2 before the kill and 3-6 after the resume are
+    the one node's, so this is also the deepspeed launcher's two nodes training as one."""
     out = tmp_path / "run"
-    killed = two_nodes("torchrun", data, out, tmp_path, env={"MEMLM_TEST_KILL": "step:3:1"})
+    killed = two_nodes("deepspeed", data, out, tmp_path, env={"MEMLM_TEST_KILL": "step:3:1"})
     assert all(node["rc"] != 0 for node in killed), [node["output"][-2000:] for node in killed]
     assert (out / "checkpoints" / "latest").read_text().strip() == "global_step2"
-    for node in two_nodes("torchrun", data, out, tmp_path, resume=True):
+    for node in two_nodes("deepspeed", data, out, tmp_path, resume=True):
         assert node["rc"] == 0, node["output"][-4000:]
     assert losses(out) == losses(one_node)
     final, reference = weights(out), weights(one_node)
