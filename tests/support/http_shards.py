@@ -14,7 +14,8 @@ credentials in a URL are sent (and, elsewhere, never printed).
 FaultProxy puts the same faults in front of another HTTP server (the S3 server of s3_server.py): requests pass
 through to it unchanged and its answers come back, with a fault's reset, 503 or stall applied to a GET of the named
 path ("bucket/key"); a ranged GET counts the fault's byte from the file's start. Writes (PUT, POST, DELETE) pass
-through too, each logged in `writes`; a fault's `unavailable` refuses the named key's first writes with 503.
+through too, each logged in `writes`; a fault's `unavailable` refuses the named key's first writes with 503, its
+`denied` with 403 AccessDenied.
 `latency_s` and `bytes_per_s` make every read look far away (bench/benchmarks/bench_remote.py); a FaultProxy in front
 of a ShardServer does the same for plain HTTP.
 """
@@ -42,6 +43,7 @@ class Fault:
     stall_after: int | None = None
     stall_s: float = 0.0
     times: int = 1  # requests that reset or stall (after them the file is served whole)
+    denied: int = 0  # FaultProxy: answer 403 AccessDenied to the named key's first K writes (a refused credential)
     served: int = 0  # requests that reached the body (counted by the server)
 
 
@@ -216,12 +218,18 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         with owner.lock:
             fault = owner.faults.get(key)
             refused = fault is not None and fault.unavailable > 0
+            denied = not refused and fault is not None and fault.denied > 0
             if refused:
                 fault.unavailable -= 1
-            owner.writes.append((method, key, 503 if refused else None))
+            if denied:
+                fault.denied -= 1
+            owner.writes.append((method, key, 503 if refused else 403 if denied else None))
         if refused:
             return self._answer(503, [("Content-Type", "application/xml")],
                                 b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>")
+        if denied:
+            return self._answer(403, [("Content-Type", "application/xml")],
+                                b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>")
         headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
         upstream = http.client.HTTPConnection(*owner.upstream, timeout=30)
         try:

@@ -2,7 +2,7 @@
 folder streams exactly the tokens of a local prepare and every object carries its sha256; an upload refused midway
 (503s past the retry budget through tests/support/http_shards.py's FaultProxy) leaves no manifest, and the rerun
 uploads only the files not yet there; a finished upload of other data is replaced only with --overwrite; no bucket,
-no credentials and an http:// --out are one line without secrets."""
+no credentials, a denied write (403 through the proxy) and an http:// --out are one line without secrets."""
 
 from __future__ import annotations
 
@@ -124,6 +124,25 @@ def test_no_bucket_is_one_line_without_keys(aws, capsys):
     err = capsys.readouterr().err
     assert err == ("memlm: error: s3://no-such-bucket: no such bucket (create it first, or check the --out URL and "
                    "AWS_ENDPOINT_URL)\n")
+
+
+def test_a_denied_write_is_one_line_without_keys(aws, capsys):
+    """The store refuses one object (403 AccessDenied through the proxy, as a bucket policy would): no retry, one
+    line naming that object, no key in it, and no manifest written."""
+    server, data = aws
+    url = f"s3://{BUCKET}/denied/data"
+    with FaultProxy(server.endpoint) as proxy, pytest.MonkeyPatch.context() as env:
+        proxy.faults[f"{BUCKET}/denied/data/train/train-00001.tar"] = Fault(denied=10)
+        env.setenv("AWS_ENDPOINT_URL", proxy.url)
+        assert cli.main(prepare_argv(data, url)) == 2
+        refused = [status for _, key, status in proxy.writes if key.endswith("train-00001.tar")]
+    err = capsys.readouterr().err
+    assert err == (f"memlm: error: {url}/train/train-00001.tar: access denied to write it (check the AWS_* "
+                   "credentials and the bucket's policy)\n")
+    assert refused == [403]  # refused once, not retried
+    listing = server.client().list_objects_v2(Bucket=BUCKET, Prefix="denied/data/").get("Contents", [])
+    keys = {entry["Key"] for entry in listing}
+    assert "denied/data/train/train-00000.tar" in keys and "denied/data/manifest.json" not in keys
 
 
 def test_no_credentials_is_one_line(s3, monkeypatch, tmp_path, capsys):
