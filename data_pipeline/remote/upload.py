@@ -149,10 +149,11 @@ def _write_failure(what: str, url: str, err: Exception) -> Exception:
         return DataError(f"no S3 credentials to {what} {shown}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                          "(or AWS_PROFILE), and AWS_ENDPOINT_URL for a store other than AWS")
     if isinstance(err, FileNotFoundError):
-        if what == "reach" or "bucket" in str(err).lower():
-            return DataError(f"{shown}: no such bucket (create it first, or check the --out URL and "
-                             "AWS_ENDPOINT_URL)")
-        return _Missing(f"{shown} does not exist")
+        if what == "read":  # an object not (yet) uploaded; the bucket was there at check_bucket
+            return _Missing(f"{shown} does not exist")
+        # (never judged from the message's text: it holds the bucket's name, which may say "bucket" itself)
+        return DataError(f"{shown}: no such bucket (create it first, or check the --out URL and "
+                         "AWS_ENDPOINT_URL)")
     if isinstance(err, PermissionError):
         return DataError(f"{shown}: access denied to {what} it (check the AWS_* credentials and the bucket's "
                          "policy)")

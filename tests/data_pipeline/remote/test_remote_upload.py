@@ -23,7 +23,7 @@ from support.http_shards import Fault, FaultProxy
 from support.s3_server import S3Server
 from support.training import make_data
 
-BUCKET = "memlm-upload"
+BUCKET = "memlm-upload-bucket"  # "bucket" in its name: never read as a missing bucket
 FAST = RemoteConfig(retries=1, stall_s=10.0, backoff_s=0.01, backoff_max_s=0.02, prefetch=0)
 
 
