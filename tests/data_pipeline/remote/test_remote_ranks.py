@@ -1,42 +1,70 @@
-"""Two ranks over the network: `torchrun --nproc_per_node 2 -m memlm train` from a loopback HTTP server whose every
-train shard resets mid-body on its first request, SIGKILLed mid-step 5 on rank 1 (trainer/runtime/faults.py's
-MEMLM_TEST_KILL), then resumed from the same URL with the resets armed again: exactly the losses of the same 2-rank
-run from the local folder, uninterrupted. Three launches (the local reference, the killed run, the resume), the tiny
-preset, 6 steps."""
+"""Two ranks over the network: `torchrun --nproc_per_node 2 -m memlm train` from a loopback HTTP server, and from
+S3 (moto's server behind tests/support/http_shards.py's FaultProxy), whose every train shard resets mid-body on its
+first request, SIGKILLed mid-step 5 on rank 1 (trainer/runtime/faults.py's MEMLM_TEST_KILL), then resumed from the
+same URL with the resets armed again: exactly the losses of the same 2-rank run from the local folder, uninterrupted.
+Five launches (the local reference, shared; per source the killed run and the resume), the tiny preset, 6 steps."""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import pytest
 
 from memlm.data_pipeline.shards import load_manifest
-from support.http_shards import Fault, ShardServer
+from support.http_shards import Fault, FaultProxy, ShardServer
+from support.s3_server import S3Server
 from support.training import losses, make_data, torchrun
 
 COMMON = {"train__steps": 6, "train__save_every": 2, "train__keep_last": 3}
+BUCKET, PREFIX = "memlm-ranks", "wikitext/data"
 
 
-def arm(server: ShardServer, data) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(the local folder, the losses of its uninterrupted 2-rank run)."""
+    root = tmp_path_factory.mktemp("ranks")
+    data = make_data(root, shard_tokens=1000)
+    torchrun("txl", data, root / "local", **COMMON)
+    return data, losses(root / "local")
+
+
+@contextmanager
+def served(kind: str, data):
+    """(data.path, the environment the ranks need, the server whose `faults` and `requests` name the shards, the
+    prefix of a shard's name there)."""
+    if kind == "http":
+        with ShardServer(data) as server:
+            yield server.url, {}, server, ""
+        return
+    with S3Server() as s3:
+        s3.upload(data, BUCKET, PREFIX)
+        with FaultProxy(s3.endpoint) as proxy:
+            yield f"s3://{BUCKET}/{PREFIX}", {**s3.env, "AWS_ENDPOINT_URL": proxy.url}, proxy, f"{BUCKET}/{PREFIX}/"
+
+
+def arm(server, prefix: str, data) -> None:
     """Every train shard breaks off halfway through on its next request (whichever rank reads it)."""
     for shard in load_manifest(data)["splits"]["train"]["shards"]:
-        server.faults[shard["path"]] = Fault(reset_after=shard["bytes"] // 2)
+        server.faults[prefix + shard["path"]] = Fault(reset_after=shard["bytes"] // 2)
 
 
 @pytest.mark.slow
-def test_two_ranks_from_http_killed_and_resumed_give_the_local_losses(tmp_path):
-    data = make_data(tmp_path, shard_tokens=1000)
-    local, remote = tmp_path / "local", tmp_path / "remote"
-    torchrun("txl", data, local, **COMMON)
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_two_ranks_killed_and_resumed_over_the_network_give_the_local_losses(reference, kind, tmp_path):
+    data, want = reference
+    remote = tmp_path / "remote"
     far = {"data__remote__backoff_s": 0.01, **COMMON}
-    with ShardServer(data) as server:
-        arm(server, data)
-        killed = torchrun("txl", server.url, remote, env_extra={"MEMLM_TEST_KILL": "step:5:1"}, check=False, **far)
+    with served(kind, data) as (url, env, server, prefix):
+        arm(server, prefix, data)
+        killed = torchrun("txl", url, remote, env_extra={**env, "MEMLM_TEST_KILL": "step:5:1"}, check=False, **far)
         assert killed.returncode != 0, "the run was never killed at step 5"
         assert "retry 1 of 5" in killed.stderr, killed.stderr[-3000:]  # the resets were met and retried
         assert not (remote / "checkpoints" / "global_step6").exists()
         before = len(server.requests)
-        arm(server, data)
-        resumed = torchrun("txl", server.url, remote, resume=True, **far)
+        arm(server, prefix, data)
+        resumed = torchrun("txl", url, remote, resume=True, env_extra=env, **far)
         shards_read = {path for path, _, _ in server.requests[before:] if path.endswith(".tar")}
     assert "at step 4" in resumed.stderr and "retry 1 of 5" in resumed.stderr, resumed.stderr[-3000:]
-    assert shards_read  # the resumed ranks read their shards over HTTP again
-    assert losses(remote) == losses(local) and sorted(losses(local)) == list(range(1, 7))
+    assert shards_read  # the resumed ranks read their shards over the network again
+    assert S3Server.SECRET not in killed.stderr + resumed.stderr
+    assert losses(remote) == want and sorted(want) == list(range(1, 7))
