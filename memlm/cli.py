@@ -197,7 +197,9 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
                    choices=["wikitext", "enwik8", "text8", "textdir", "jsonl", "task", "babilong"])
     p.add_argument("--input", metavar="PATH", help="the corpus folder or file (not needed for --corpus task; "
                    "babilong: a downloaded BABILong folder, e.g. of RMT-team/babilong-train-5k-samples)")
-    p.add_argument("--out", required=True, metavar="DATA_DIR")
+    p.add_argument("--out", required=True, metavar="DATA_DIR",
+                   help="the folder to write (serve it over HTTP with any static web server), or s3://BUCKET/PREFIX "
+                        "(prepared in a temporary folder, then uploaded, manifest.json last; a rerun resumes)")
     p.add_argument("--tokenizer", choices=["word", "bytes", "spm-unigram", "spm-bpe"],
                    help="trained on the train split (default: bytes for enwik8/text8/task, else word)")
     p.add_argument("--tokenizer-from", metavar="DIR",
