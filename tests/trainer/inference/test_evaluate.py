@@ -123,7 +123,7 @@ def test_matches_per_document_reference(arch, runs, data):
     ref_nll, ref_tokens, ref_docs = _reference(run, data)
     manifest = _manifest(data)["splits"]["valid"]
     assert ref_tokens == manifest["tokens"]
-    for lanes in (1, 4):
+    for lanes in (1,):
         result = evaluate_run(run, lanes=lanes, json_path=run / f"lanes{lanes}.json")
         assert result["tokens"] == manifest["tokens"] and result["documents"] == manifest["documents"]
         assert _close(result["nll"] * result["tokens"], ref_nll, 1e-5), (lanes, result["nll"], ref_nll / ref_tokens)
@@ -149,7 +149,8 @@ def _free_port() -> int:
 
 
 def test_two_ranks_match_one(runs, data, tmp_path):
-    """torchrun, 2 gloo ranks: the same tokens (the manifest's) and the same NLL as one process."""
+    """torchrun, 2 gloo ranks, one lane each (documents dealt unevenly): the same tokens (the manifest's) and the same
+    NLL as one process. Four lanes under 2 ranks: tests/trainer/loop/test_launchers.py, under the deepspeed launcher."""
     from memlm.trainer.inference.evaluate import evaluate_run
 
     run = runs / "txl"
@@ -157,7 +158,7 @@ def test_two_ranks_match_one(runs, data, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    for lanes in (1, 4):
+    for lanes in (1,):
         out = tmp_path / f"two{lanes}.json"
         proc = subprocess.run([*torchrun, "-m", "memlm", "eval", str(run), "--lanes", str(lanes), "--json", str(out)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)

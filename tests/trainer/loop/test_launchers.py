@@ -53,16 +53,16 @@ def deepspeed_launch(tmp_path: Path, args: list[str]) -> subprocess.CompletedPro
 
 
 def test_eval_under_deepspeed_launcher_matches_single_process(data, tmp_path):
-    """`memlm eval` with 2 ranks through the deepspeed launcher counts every token once: same tokens and NLL as
-    one process on the same checkpoint."""
+    """`memlm eval` with 2 ranks of 4 lanes through the deepspeed launcher counts every token once: same tokens and
+    NLL as one process on the same checkpoint (one lane per rank: tests/trainer/inference/test_evaluate.py)."""
     run = tmp_path / "run"
     subprocess_train(ARCH, data, run, train__steps=2, train__save_every=2)
     one_json, ds_json = tmp_path / "one.json", tmp_path / "ds.json"
-    proc = subprocess.run([sys.executable, "-m", "memlm", "eval", str(run), "--json", str(one_json)], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "memlm", "eval", str(run), "--lanes", "4", "--json", str(one_json)],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     one = json.loads(proc.stdout.strip().splitlines()[-1])
-    deepspeed_launch(tmp_path, ["eval", str(run), "--json", str(ds_json)])
+    deepspeed_launch(tmp_path, ["eval", str(run), "--lanes", "4", "--json", str(ds_json)])
     two = json.loads(ds_json.read_text())
     assert json.loads(one_json.read_text())["tokens"] == one["tokens"]
     assert two["tokens"] == one["tokens"] > 0
