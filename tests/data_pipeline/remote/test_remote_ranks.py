@@ -6,17 +6,13 @@ Five launches (the local reference, shared; per source the killed run and the re
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
-from memlm.data_pipeline.shards import load_manifest
-from support.http_shards import Fault, FaultProxy, ShardServer
+from support.remote_sources import arm, served
 from support.s3_server import S3Server
 from support.training import losses, make_data, torchrun
 
 COMMON = {"train__steps": 6, "train__save_every": 2, "train__keep_last": 3}
-BUCKET, PREFIX = "memlm-ranks", "wikitext/data"
 
 
 @pytest.fixture(scope="module")
@@ -26,26 +22,6 @@ def reference(tmp_path_factory):
     data = make_data(root, shard_tokens=1000)
     torchrun("txl", data, root / "local", **COMMON)
     return data, losses(root / "local")
-
-
-@contextmanager
-def served(kind: str, data):
-    """(data.path, the environment the ranks need, the server whose `faults` and `requests` name the shards, the
-    prefix of a shard's name there)."""
-    if kind == "http":
-        with ShardServer(data) as server:
-            yield server.url, {}, server, ""
-        return
-    with S3Server() as s3:
-        s3.upload(data, BUCKET, PREFIX)
-        with FaultProxy(s3.endpoint) as proxy:
-            yield f"s3://{BUCKET}/{PREFIX}", {**s3.env, "AWS_ENDPOINT_URL": proxy.url}, proxy, f"{BUCKET}/{PREFIX}/"
-
-
-def arm(server, prefix: str, data) -> None:
-    """Every train shard breaks off halfway through on its next request (whichever rank reads it)."""
-    for shard in load_manifest(data)["splits"]["train"]["shards"]:
-        server.faults[prefix + shard["path"]] = Fault(reset_after=shard["bytes"] // 2)
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import pytest
 from memlm.data_pipeline.shards import load_manifest
 from memlm.data_pipeline.stream import LaneStream
 from support.http_shards import Fault, ShardServer
+from support.remote_sources import arm, served
+from support.s3_server import S3Server
 from support.training import losses, make_data, metrics, overrides, preset, subprocess_train, train_in_process
 
 
@@ -90,3 +92,25 @@ def test_a_run_started_on_the_local_folder_resumes_from_the_url(tmp_path, capfd)
     far, near = (json.loads((tmp_path / name).read_text()) for name in ("far.json", "near.json"))
     assert far["nll"] == near["nll"] and far["tokens"] == near["tokens"] > 0
     assert losses(tmp_path / "moved") == {row["step"]: row["loss"] for row in whole} and len(whole) == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_one_rank_stopped_and_resumed_over_the_network_gives_the_local_losses(kind, tmp_path, monkeypatch, capfd):
+    """One rank, in process, from HTTP and from S3 (through the fault proxy), every train shard reset mid-body on
+    its first request: stopped at step 4 and resumed from the same URL with the resets armed again, the run writes
+    the losses of the uninterrupted run on the local folder. (Two ranks, SIGKILLed: test_remote_ranks.py.)"""
+    data = make_data(tmp_path, shard_tokens=1000)
+    common = {"train__steps": 8, "train__save_every": 4, "data__remote__backoff_s": 0.01}
+    whole = train_in_process("txl", data, tmp_path / "local", **common)
+    with served(kind, data) as (url, env, server, prefix):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        arm(server, prefix, data)
+        train_in_process("txl", url, tmp_path / "remote", stop_at=4, **common)
+        arm(server, prefix, data)
+        train_in_process("txl", url, tmp_path / "remote", resume=True, **common)
+    printed = capfd.readouterr().err
+    assert printed.count("retry 1 of 5") >= 2 and "at step 4" in printed, printed[-3000:]
+    assert S3Server.SECRET not in printed
+    assert losses(tmp_path / "remote") == {row["step"]: row["loss"] for row in whole} and len(whole) == 8
