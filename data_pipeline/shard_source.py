@@ -27,6 +27,7 @@ from .doc_order import ShardSpan
 from .format import MANIFEST, DataError, token_dtype
 from .remote.fetch import FetchFailed
 from .remote.location import Location, as_location
+from .remote.shard_files import RemoteShards
 from .shards import load_manifest, read_shard
 
 
@@ -67,8 +68,6 @@ class ShardSource:
         self.shards: list[dict] = list(self.entry["shards"])
         self.remote = None  # the fetcher of shards at a URL (or listed in data.shards); None for a local folder
         if not self.location.is_local or self.location.shard_lists.get(split):
-            from .remote.shard_files import RemoteShards
-
             self.remote = RemoteShards(self.location, split, self.shards)
         tokenizer = manifest["tokenizer"]
         self.vocab_size = int(tokenizer["vocab_size"])

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from .format import FORMAT_VERSION, MANIFEST, SPLITS, DataError, sample_key, shard_name, token_dtype
+from .remote.fetch import Fetcher
+from .remote.location import Location, as_location, is_remote
 
 DEFAULT_SHARD_TOKENS = 50_000_000
 _BLOCK = tarfile.BLOCKSIZE  # 512
@@ -247,11 +249,7 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     if not str(data_dir).strip():  # an unset data.path: Path("") would name the working folder without saying so
         raise DataError("data.path is not set: prepare a corpus with `memlm prepare ... --out DATA_DIR`, then pass "
                         "data.path=DATA_DIR")
-    from .remote.location import Location, as_location, is_remote
-
     if is_remote(data_dir):  # the same checks on the manifest fetched from the URL (data_pipeline/remote/)
-        from .remote.fetch import Fetcher
-
         location = as_location(data_dir)
         raw = Fetcher(location.options).read_bytes(location.url(MANIFEST))
         return _parse_manifest(lambda: raw.decode(), location.display(MANIFEST))

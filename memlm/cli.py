@@ -268,7 +268,7 @@ def _prepared_at(args: argparse.Namespace, build) -> dict:
         return build(args.out, args.overwrite)
     import tempfile
 
-    from memlm.data_pipeline.remote import upload
+    from memlm.data_pipeline.remote import upload  # only for an --out at a URL: `memlm --help` stays numpy-free
 
     folder = upload.check_destination(args.out)  # no credentials, no bucket: refused before prepare
     with tempfile.TemporaryDirectory(prefix="memlm-prepare-") as staging:

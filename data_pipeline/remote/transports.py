@@ -179,7 +179,8 @@ def _pipe(command: str, start: int, stall_s: float) -> Iterator[bytes]:
     """The command's stdout from byte `start`: a command cannot seek, so it runs again and the first bytes are
     skipped."""
     with tempfile.TemporaryFile() as errors:
-        process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=errors,
+        # A pipe: is a shell command line of the user's own config, run as webdataset runs its pipe: URLs (sh -c)
+        process = subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE, stderr=errors,
                                    stdin=subprocess.DEVNULL)
         try:
             fd = process.stdout.fileno()
